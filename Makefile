@@ -1,0 +1,39 @@
+# tsoracle — see README.md.
+PG_CONFIG ?= /usr/lib/postgresql/15/bin/pg_config
+PGRX_TEST_PGDATA ?= /tmp/tsoracle-pgrx-test
+TEST_THREADS ?= 2
+
+.PHONY: run stop test test-core test-pg test-integration install deps bench clean
+
+## Build, install, start a local cluster with tsoracle preloaded, and show it working.
+run: install
+	scripts/run.sh
+
+stop:
+	@if [ -s .run/pgdata/PG_VERSION ]; then runuser -u postgres -- /usr/lib/postgresql/15/bin/pg_ctl -D .run/pgdata -m fast -w stop || true; fi
+
+## Every test: the pure core, the #[pg_test]s inside PostgreSQL, the integration tests.
+test: deps test-core test-pg test-integration
+
+deps:
+	scripts/install-deps.sh
+
+install: deps
+	cargo pgrx install --release --pg-config $(PG_CONFIG)
+
+test-core:
+	cargo test -p tsoracle-core
+
+test-pg: deps
+	rm -rf $(PGRX_TEST_PGDATA) && install -d -o postgres -g postgres $(PGRX_TEST_PGDATA)
+	cargo pgrx test pg15 --runas postgres --pgdata $(PGRX_TEST_PGDATA)
+
+# The integration tests load the installed extension into clusters they start themselves.
+test-integration: install
+	cargo test -p tsoracle-tests -- --test-threads=$(TEST_THREADS)
+
+bench: install
+	scripts/bench.sh
+
+clean:
+	cargo clean

@@ -1,0 +1,11 @@
+//! The pure logic of tsoracle: timestamp packing, the window allocator, dense-sequence
+//! group splitting and the lease table. No PostgreSQL here, so all of it is unit- and
+//! property-testable in microseconds; the extension crate does the I/O around it.
+
+pub mod allocator;
+pub mod error;
+pub mod lease;
+pub mod seq;
+pub mod timestamp;
+
+pub use error::CoreError;

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Install everything tsoracle needs to build and test, idempotently, on a Debian machine
+# (run as root): PostgreSQL 15 with its server headers, clang for bindgen, sudo for
+# `cargo pgrx test --runas`, and cargo-pgrx 0.18.0 initialised against the system server.
+set -euo pipefail
+
+PGRX_VERSION=0.18.0
+PG_CONFIG=/usr/lib/postgresql/15/bin/pg_config
+APT_PACKAGES=(postgresql-15 postgresql-server-dev-15 postgresql-client-15 libclang-dev clang sudo pkg-config make)
+
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+    echo "==> installing Debian packages: ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# The Debian package starts its own cluster on port 5432; we never use it.
+if command -v pg_lsclusters >/dev/null && pg_lsclusters -h 2>/dev/null | grep -q '^15 *main .*online'; then
+    pg_ctlcluster 15 main stop || true
+fi
+
+if ! cargo pgrx --version 2>/dev/null | grep -q "$PGRX_VERSION"; then
+    echo "==> installing cargo-pgrx $PGRX_VERSION (takes a few minutes)"
+    cargo install --locked cargo-pgrx --version "$PGRX_VERSION"
+fi
+
+if ! grep -qs "pg15 = \"$PG_CONFIG\"" "${PGRX_HOME:-$HOME/.pgrx}/config.toml"; then
+    echo "==> cargo pgrx init --pg15 $PG_CONFIG"
+    cargo pgrx init --pg15 "$PG_CONFIG"
+fi

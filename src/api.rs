@@ -1,0 +1,337 @@
+//! The SQL surface. Thin: validation and error mapping here, logic in `oracle`,
+//! `worker` and the pure core.
+
+use crate::error::{check_superuser, OrReport, TsoError};
+use crate::guc;
+use crate::oracle;
+use crate::shmem::{self, ORACLE};
+use pgrx::prelude::*;
+use tsoracle_core::timestamp;
+
+/// Microseconds between the Unix epoch and PostgreSQL's epoch (2000-01-01).
+const PG_EPOCH_OFFSET_US: i64 = 946_684_800_000_000;
+
+/// The next timestamp: strictly greater than every one issued before it.
+#[pg_extern]
+fn tso_next() -> i64 {
+    oracle::next(1).map(timestamp::to_sql).or_report()
+}
+
+/// The first of `count` consecutive timestamps `[first, first + count)`, all in one millisecond.
+#[pg_extern]
+fn tso_next_batch(count: i32) -> i64 {
+    oracle::next(i64::from(count)).map(timestamp::to_sql).or_report()
+}
+
+fn checked_ts(ts: i64) -> u64 {
+    timestamp::from_sql(ts)
+        .map_err(|_| TsoError::InvalidArgument(format!("{ts} is not a tsoracle timestamp (it is negative)")))
+        .or_report()
+}
+
+/// Milliseconds since the Unix epoch carried by a timestamp.
+#[pg_extern(immutable, parallel_safe, strict)]
+fn tso_physical(ts: i64) -> i64 {
+    timestamp::physical_ms(checked_ts(ts)) as i64
+}
+
+/// The logical counter (0..262143) within the timestamp's millisecond.
+#[pg_extern(immutable, parallel_safe, strict)]
+fn tso_logical(ts: i64) -> i32 {
+    timestamp::logical(checked_ts(ts)) as i32
+}
+
+/// The millisecond of a timestamp as a timestamptz.
+#[pg_extern(immutable, parallel_safe, strict)]
+fn tso_to_timestamptz(ts: i64) -> TimestampWithTimeZone {
+    let ms = timestamp::physical_ms(checked_ts(ts)) as i64;
+    let pg_us = ms * 1000 - PG_EPOCH_OFFSET_US;
+    TimestampWithTimeZone::try_from(pg_us)
+        .map_err(|e| TsoError::DatetimeOutOfRange(format!("timestamp {ts} is out of range for timestamptz: {e}")))
+        .or_report()
+}
+
+/// The smallest timestamp of the millisecond `t` falls in (for range queries).
+#[pg_extern(immutable, parallel_safe, strict)]
+fn tso_from_timestamptz(t: TimestampWithTimeZone) -> i64 {
+    if t.is_infinity() || t.is_neg_infinity() {
+        TsoError::DatetimeOutOfRange("infinite timestamptz has no tsoracle timestamp".into()).report();
+    }
+    let pg_us: i64 = t.into_inner();
+    let ms = (pg_us + PG_EPOCH_OFFSET_US).div_euclid(1000);
+    let ms = u64::try_from(ms)
+        .map_err(|_| TsoError::DatetimeOutOfRange(format!("{t} is before 1970-01-01, the start of tsoracle time")))
+        .or_report();
+    timestamp::pack(ms, 0)
+        .map(timestamp::to_sql)
+        .map_err(|_| TsoError::DatetimeOutOfRange(format!("{t} is beyond the 46-bit millisecond range")))
+        .or_report()
+}
+
+/// Advance the durable high-water to at least `physical_ms` (never lowers it), so a cluster
+/// migrating from another timestamp source starts above it. Superuser only. Returns the
+/// committed high-water afterwards.
+#[pg_extern]
+fn tso_seed(physical_ms: i64) -> i64 {
+    seed(physical_ms).or_report()
+}
+
+fn seed(physical_ms: i64) -> Result<i64, TsoError> {
+    let signals = shmem::signals()?;
+    check_superuser("call tso_seed()")?;
+    oracle::ensure_primary("seed the high-water")?;
+    let target = u64::try_from(physical_ms)
+        .ok()
+        .filter(|&ms| ms >= 1 && ms <= timestamp::MAX_PHYSICAL_MS)
+        .ok_or_else(|| {
+            TsoError::InvalidArgument(format!(
+                "physical_ms must be between 1 and {}, got {physical_ms}",
+                timestamp::MAX_PHYSICAL_MS
+            ))
+        })?;
+    let mut last_phase = shmem::Phase::Starting;
+    let done = oracle::wait_for_worker(signals, || {
+        let st = ORACLE.share();
+        last_phase = st.phase;
+        if st.seeded_ms >= target && st.phase == shmem::Phase::Serving {
+            Ok(Some(st.allocator.high_water_ms()))
+        } else {
+            drop(st);
+            signals.request_seed(target);
+            Ok(None)
+        }
+    })?;
+    match done {
+        Some(high_water) => Ok(high_water as i64),
+        None if last_phase != shmem::Phase::Serving => Err(oracle::not_serving(signals, last_phase)),
+        None => Err(TsoError::WorkerTimeout { waited_ms: guc::extension_timeout_ms(), what: "persist the seed" }),
+    }
+}
+
+/// One row describing the oracle on this server.
+#[allow(clippy::type_complexity)]
+#[pg_extern]
+fn tso_status() -> TableIterator<
+    'static,
+    (
+        name!(role, String),
+        name!(state, String),
+        name!(detail, Option<String>),
+        name!(epoch, Option<i64>),
+        name!(timeline, Option<i64>),
+        name!(high_water_ms, Option<i64>),
+        name!(floor_ms, Option<i64>),
+        name!(last_issued, Option<i64>),
+        name!(window_left_ms, Option<i64>),
+        name!(timestamps_issued, i64),
+        name!(window_extensions, i64),
+        name!(fences, i64),
+        name!(last_fence_ms, Option<f64>),
+        name!(worker_pid, Option<i32>),
+        name!(worker_commits, i64),
+        name!(sync_replication, bool),
+    ),
+> {
+    let signals = shmem::signals().or_report();
+    let standby = unsafe { pg_sys::RecoveryInProgress() };
+    let st = *ORACLE.share();
+    let serving = st.allocator.is_serving();
+    let role = if standby { "standby" } else { "primary" };
+    let state = if standby { "standby".to_string() } else { st.phase.as_str().to_string() };
+    let detail = if standby {
+        crate::replica::primary_hint()
+    } else if st.phase == shmem::Phase::Serving {
+        None
+    } else {
+        Some(oracle::not_serving(signals, st.phase).to_string())
+    };
+    let worker_pid = signals.worker_pid();
+    let row = (
+        role.to_string(),
+        state,
+        detail,
+        serving.then(|| st.allocator.epoch().map(|e| e as i64)).flatten(),
+        (st.timeline > 0).then_some(i64::from(st.timeline)),
+        serving.then_some(st.allocator.high_water_ms() as i64),
+        serving.then_some(st.allocator.floor_ms() as i64),
+        st.allocator.last_issued().map(timestamp::to_sql),
+        serving.then(|| st.allocator.window_left_ms(crate::clock::now_ms()) as i64),
+        st.timestamps_issued as i64,
+        st.window_extensions as i64,
+        st.fences as i64,
+        (st.fences > 0).then_some(st.last_fence_us as f64 / 1000.0),
+        (worker_pid != 0).then_some(worker_pid),
+        st.worker_commits as i64,
+        crate::replica::sync_replication_configured(),
+    );
+    TableIterator::once(row)
+}
+
+#[cfg(any(test, feature = "pg_test"))]
+#[pg_schema]
+mod tests {
+    use super::*;
+    use pgrx::pg_sys::panic::CaughtError;
+    use pgrx::PgSqlErrorCode::{self, *};
+    use tsoracle_core::timestamp::{logical, physical_ms};
+
+    /// Run `f`, which must raise an error, and return its SQLSTATE.
+    fn sqlstate_of<R>(f: impl FnOnce() -> R + std::panic::UnwindSafe) -> PgSqlErrorCode {
+        PgTryBuilder::new(|| {
+            f();
+            None
+        })
+        .catch_others(|e| match e {
+            CaughtError::ErrorReport(r) | CaughtError::PostgresError(r) => Some(r.sql_error_code()),
+            CaughtError::RustPanic { ereport, .. } => panic!("a Rust panic, not an error: {}", ereport.message()),
+        })
+        .execute()
+        .expect("the call succeeded but an error was expected")
+    }
+
+    fn now_ms() -> u64 {
+        crate::clock::now_ms()
+    }
+
+    #[pg_test]
+    fn next_is_strictly_increasing_and_near_the_clock() {
+        let mut prev = tso_next();
+        for _ in 0..10_000 {
+            let ts = tso_next();
+            assert!(ts > prev, "{ts} after {prev}");
+            prev = ts;
+        }
+        let physical = physical_ms(prev as u64);
+        let now = now_ms();
+        // Never far behind the clock; ahead by at most the window.
+        assert!(physical + 5_000 >= now && physical <= now + 60_000, "physical {physical} vs now {now}");
+    }
+
+    #[pg_test]
+    fn batch_is_consecutive_and_in_one_millisecond() {
+        let before = tso_next();
+        let first = tso_next_batch(1000);
+        assert!(first > before);
+        let last = first + 999;
+        assert_eq!(physical_ms(first as u64), physical_ms(last as u64));
+        assert!(logical(last as u64) >= 999);
+        let after = tso_next();
+        assert!(after > last, "{after} must be above the batch's last value {last}");
+        // The largest batch fills a whole millisecond.
+        let full = tso_next_batch(262_144);
+        assert_eq!(logical(full as u64), 0);
+        assert!(full > after);
+    }
+
+    #[pg_test]
+    fn next_through_sql_is_increasing() {
+        let a = Spi::get_one::<i64>("SELECT tso_next()").unwrap().unwrap();
+        let b = Spi::get_one::<i64>("SELECT max(tso_next()) FROM generate_series(1, 100)").unwrap().unwrap();
+        assert!(b > a);
+    }
+
+    #[pg_test]
+    fn bad_batch_counts_are_22023() {
+        assert_eq!(sqlstate_of(|| tso_next_batch(0)), ERRCODE_INVALID_PARAMETER_VALUE);
+        assert_eq!(sqlstate_of(|| tso_next_batch(-7)), ERRCODE_INVALID_PARAMETER_VALUE);
+        assert_eq!(sqlstate_of(|| tso_next_batch(262_145)), ERRCODE_INVALID_PARAMETER_VALUE);
+        assert_eq!(sqlstate_of(|| tso_next_batch(i32::MAX)), ERRCODE_INVALID_PARAMETER_VALUE);
+    }
+
+    #[pg_test]
+    fn decomposition_round_trips() {
+        let ts = tso_next();
+        let physical = tso_physical(ts);
+        let logical = tso_logical(ts);
+        assert_eq!(ts, (physical << 18) | i64::from(logical));
+        let at = tso_to_timestamptz(ts);
+        let back = tso_from_timestamptz(at);
+        assert_eq!(back, physical << 18, "the smallest timestamp of that millisecond");
+        assert!(back <= ts);
+        assert_eq!(tso_physical(0), 0);
+        assert_eq!(tso_logical((5 << 18) | 7), 7);
+        let epoch = Spi::get_one::<i64>("SELECT tso_from_timestamptz('1970-01-01 00:00:01+00')").unwrap();
+        assert_eq!(epoch, Some(1000 << 18));
+    }
+
+    #[pg_test]
+    fn negative_timestamps_are_22023() {
+        assert_eq!(sqlstate_of(|| tso_physical(-1)), ERRCODE_INVALID_PARAMETER_VALUE);
+        assert_eq!(sqlstate_of(|| tso_logical(i64::MIN)), ERRCODE_INVALID_PARAMETER_VALUE);
+        assert_eq!(sqlstate_of(|| tso_to_timestamptz(-5)), ERRCODE_INVALID_PARAMETER_VALUE);
+    }
+
+    #[pg_test]
+    fn timestamptz_outside_tsoracle_time_is_22008() {
+        let before_1970 = Spi::get_one::<TimestampWithTimeZone>("SELECT '1969-12-31 23:59:59+00'::timestamptz")
+            .unwrap()
+            .unwrap();
+        assert_eq!(sqlstate_of(|| tso_from_timestamptz(before_1970)), ERRCODE_DATETIME_FIELD_OVERFLOW);
+        let inf = Spi::get_one::<TimestampWithTimeZone>("SELECT 'infinity'::timestamptz").unwrap().unwrap();
+        assert_eq!(sqlstate_of(|| tso_from_timestamptz(inf)), ERRCODE_DATETIME_FIELD_OVERFLOW);
+    }
+
+    #[pg_test]
+    fn status_reports_a_serving_primary() {
+        tso_next();
+        let (role, state, high_water, floor, issued, fences, pid) = Spi::get_three::<String, String, i64>(
+            "SELECT role, state, high_water_ms FROM tso_status()",
+        )
+        .map(|(r, s, h)| (r.unwrap(), s.unwrap(), h.unwrap(), 0, 0, 0, 0))
+        .unwrap();
+        let _ = (floor, issued, fences, pid);
+        assert_eq!(role, "primary");
+        assert_eq!(state, "serving");
+        assert!(high_water as u64 >= now_ms());
+        let (issued, fences, worker_pid) = Spi::get_three::<i64, i64, i32>(
+            "SELECT timestamps_issued, fences, worker_pid FROM tso_status()",
+        )
+        .unwrap();
+        assert!(issued.unwrap() >= 1);
+        assert!(fences.unwrap() >= 1);
+        assert!(worker_pid.unwrap() > 0);
+        let durable = Spi::get_one::<i64>("SELECT physical_ms FROM tsoracle.high_water").unwrap().unwrap();
+        assert!(durable >= high_water, "the durable row {durable} covers the window {high_water}");
+    }
+
+    #[pg_test]
+    fn seed_advances_the_oracle_and_never_lowers_it() {
+        let target = now_ms() as i64 + 3_600_000;
+        let high_water = tso_seed(target);
+        assert!(high_water >= target);
+        let ts = tso_next();
+        assert!(tso_physical(ts) >= target, "next timestamp is at or above the seed");
+        // A lower seed changes nothing backwards.
+        tso_seed(1);
+        assert!(tso_next() > ts);
+    }
+
+    #[pg_test]
+    fn bad_seeds_are_22023() {
+        assert_eq!(sqlstate_of(|| tso_seed(0)), ERRCODE_INVALID_PARAMETER_VALUE);
+        assert_eq!(sqlstate_of(|| tso_seed(-1)), ERRCODE_INVALID_PARAMETER_VALUE);
+        assert_eq!(sqlstate_of(|| tso_seed(1 << 46)), ERRCODE_INVALID_PARAMETER_VALUE);
+    }
+
+    #[pg_test]
+    fn seed_needs_a_superuser() {
+        Spi::run("CREATE ROLE tso_plain NOLOGIN").unwrap();
+        Spi::run("SET LOCAL ROLE tso_plain").unwrap();
+        assert_eq!(sqlstate_of(|| tso_seed(now_ms() as i64)), ERRCODE_INSUFFICIENT_PRIVILEGE);
+    }
+
+    #[pg_test]
+    fn public_cannot_write_the_tables_or_seed() {
+        Spi::run("CREATE ROLE tso_reader NOLOGIN").unwrap();
+        let check = |sql: &str| Spi::get_one::<bool>(sql).unwrap().unwrap();
+        for privilege in ["INSERT", "UPDATE", "DELETE", "TRUNCATE", "SELECT"] {
+            assert!(
+                !check(&format!("SELECT has_table_privilege('tso_reader', 'tsoracle.high_water', '{privilege}')")),
+                "{privilege} must not be granted"
+            );
+        }
+        assert!(!check("SELECT has_function_privilege('tso_reader', 'tso_seed(bigint)', 'EXECUTE')"));
+        assert!(check("SELECT has_function_privilege('tso_reader', 'tso_next()', 'EXECUTE')"));
+        assert!(check("SELECT has_function_privilege('tso_reader', 'tso_status()', 'EXECUTE')"));
+    }
+}

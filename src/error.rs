@@ -1,0 +1,110 @@
+//! Errors raised to SQL callers, each with its SQLSTATE and, where a fix exists, a HINT.
+
+use pgrx::pg_sys;
+use pgrx::{PgLogLevel, PgSqlErrorCode};
+use tsoracle_core::error::CoreError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum TsoError {
+    #[error("tsoracle is not loaded through shared_preload_libraries")]
+    NotPreloaded,
+
+    /// The oracle cannot serve yet (worker starting, fence running, extension missing).
+    /// Retryable, like PostgreSQL's own "the database system is starting up".
+    #[error("tsoracle is not serving yet: {0}")]
+    NotServing(String),
+
+    #[error("timed out after {waited_ms} ms waiting for the tsoracle worker to {what}")]
+    WorkerTimeout { waited_ms: i64, what: &'static str },
+
+    #[error("tsoracle cannot {0} on a hot standby")]
+    Standby(&'static str),
+
+    #[error("{0}")]
+    InvalidArgument(String),
+
+    #[error("{0}")]
+    DatetimeOutOfRange(String),
+
+    #[error("permission denied: {0}")]
+    InsufficientPrivilege(String),
+
+    #[error("tsoracle internal error: {0}")]
+    Internal(String),
+}
+
+impl TsoError {
+    pub fn sqlstate(&self) -> PgSqlErrorCode {
+        use PgSqlErrorCode::*;
+        match self {
+            TsoError::NotPreloaded => ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+            TsoError::NotServing(_) | TsoError::WorkerTimeout { .. } => ERRCODE_CANNOT_CONNECT_NOW,
+            TsoError::Standby(_) => ERRCODE_READ_ONLY_SQL_TRANSACTION,
+            TsoError::InvalidArgument(_) => ERRCODE_INVALID_PARAMETER_VALUE,
+            TsoError::DatetimeOutOfRange(_) => ERRCODE_DATETIME_FIELD_OVERFLOW,
+            TsoError::InsufficientPrivilege(_) => ERRCODE_INSUFFICIENT_PRIVILEGE,
+            TsoError::Internal(_) => ERRCODE_INTERNAL_ERROR,
+        }
+    }
+
+    pub fn hint(&self) -> Option<String> {
+        match self {
+            TsoError::NotPreloaded => Some(
+                "Add 'tsoracle' to shared_preload_libraries in postgresql.conf and restart the server."
+                    .into(),
+            ),
+            TsoError::NotServing(_) | TsoError::WorkerTimeout { .. } => Some(
+                "This is transient: retry the call. If it persists, check SELECT * FROM tso_status() and the server log."
+                    .into(),
+            ),
+            TsoError::Standby(_) => crate::replica::primary_hint(),
+            _ => None,
+        }
+    }
+
+    /// Raise this error as a PostgreSQL ERROR (never returns).
+    pub fn report(self) -> ! {
+        let mut report =
+            pgrx::pg_sys::panic::ErrorReport::new(self.sqlstate(), self.to_string(), pgrx::function_name!());
+        if let Some(hint) = self.hint() {
+            report = report.set_hint(hint);
+        }
+        report.report(PgLogLevel::ERROR);
+        // report(ERROR) does not return; this keeps the type checker honest.
+        unreachable!("ereport(ERROR) returned")
+    }
+}
+
+impl From<CoreError> for TsoError {
+    fn from(e: CoreError) -> Self {
+        match e {
+            CoreError::InvalidCount { .. }
+            | CoreError::PhysicalOutOfRange(_)
+            | CoreError::LogicalOutOfRange(_) => TsoError::InvalidArgument(e.to_string()),
+            CoreError::NotLeader => TsoError::NotServing("the fence has not completed".into()),
+            other => TsoError::Internal(other.to_string()),
+        }
+    }
+}
+
+/// Unwrap a result for a SQL function: an error becomes a PostgreSQL ERROR.
+pub trait OrReport<T> {
+    fn or_report(self) -> T;
+}
+
+impl<T, E: Into<TsoError>> OrReport<T> for Result<T, E> {
+    fn or_report(self) -> T {
+        match self {
+            Ok(v) => v,
+            Err(e) => e.into().report(),
+        }
+    }
+}
+
+pub fn check_superuser(what: &str) -> Result<(), TsoError> {
+    if unsafe { pg_sys::superuser() } {
+        Ok(())
+    } else {
+        Err(TsoError::InsufficientPrivilege(format!("only superusers may {what}")))
+    }
+}

@@ -1,0 +1,70 @@
+//! Configuration parameters (`tsoracle.*`). All are documented in README.md.
+
+use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
+use std::ffi::CString;
+
+pub static DATABASE: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c"postgres"));
+pub static WINDOW_AHEAD_MS: GucSetting<i32> = GucSetting::<i32>::new(3000);
+pub static FAILOVER_ADVANCE_MS: GucSetting<i32> = GucSetting::<i32>::new(1000);
+pub static EXTENSION_TIMEOUT_MS: GucSetting<i32> = GucSetting::<i32>::new(5000);
+
+pub fn define() {
+    GucRegistry::define_string_guc(
+        c"tsoracle.database",
+        c"Database that holds the durable tsoracle tables and that the worker connects to.",
+        c"CREATE EXTENSION tsoracle must be run in this database. Changing it requires a restart.",
+        &DATABASE,
+        GucContext::Postmaster,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"tsoracle.window_ahead_ms",
+        c"How far ahead of the clock the worker keeps the durable timestamp window.",
+        c"The worker extends the window when less than half of it remains. Larger means fewer commits.",
+        &WINDOW_AHEAD_MS,
+        10,
+        600_000,
+        GucContext::Sighup,
+        GucFlags::UNIT_MS,
+    );
+    GucRegistry::define_int_guc(
+        c"tsoracle.failover_advance_ms",
+        c"Extra milliseconds the fence reserves above the durable high-water after a start or promotion.",
+        c"Covers windows that an asynchronous standby may not have received before a failover.",
+        &FAILOVER_ADVANCE_MS,
+        0,
+        3_600_000,
+        GucContext::Sighup,
+        GucFlags::UNIT_MS,
+    );
+    GucRegistry::define_int_guc(
+        c"tsoracle.extension_timeout_ms",
+        c"How long a caller waits for the worker (window extension, fence) before a retryable error.",
+        c"Callers get SQLSTATE 57P03 when the wait times out.",
+        &EXTENSION_TIMEOUT_MS,
+        1,
+        600_000,
+        GucContext::Sighup,
+        GucFlags::UNIT_MS,
+    );
+    unsafe { pgrx::pg_sys::MarkGUCPrefixReserved(c"tsoracle".as_ptr()) };
+}
+
+pub fn database() -> String {
+    DATABASE
+        .get()
+        .map(|c| c.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "postgres".to_string())
+}
+
+pub fn window_ahead_ms() -> u64 {
+    WINDOW_AHEAD_MS.get().max(1) as u64
+}
+
+pub fn failover_advance_ms() -> u64 {
+    FAILOVER_ADVANCE_MS.get().max(0) as u64
+}
+
+pub fn extension_timeout_ms() -> i64 {
+    i64::from(EXTENSION_TIMEOUT_MS.get().max(1))
+}

@@ -1,0 +1,130 @@
+//! The caller's side of the oracle: take timestamps from the shared window, or wait
+//! (bounded) for the worker when the window is exhausted or not yet fenced.
+//!
+//! Callers never write anything durable. In steady state a call is one LWLock round trip.
+
+use crate::clock::now_ms;
+use crate::error::TsoError;
+use crate::guc;
+use crate::shmem::{self, Phase, Signals, ORACLE};
+use pgrx::pg_sys;
+use std::time::Instant;
+use tsoracle_core::allocator::MAX_BATCH;
+use tsoracle_core::error::CoreError;
+
+/// Refuse on a hot standby: the primary is the only source of order.
+pub fn ensure_primary(what: &'static str) -> Result<(), TsoError> {
+    if unsafe { pg_sys::RecoveryInProgress() } {
+        Err(TsoError::Standby(what))
+    } else {
+        Ok(())
+    }
+}
+
+/// Why a grant could not be served right now.
+enum Blocked {
+    Exhausted,
+    NotServing(Phase),
+}
+
+fn try_grant(count: u32) -> Result<Result<u64, Blocked>, TsoError> {
+    let now = now_ms();
+    let mut st = ORACLE.exclusive();
+    match st.allocator.try_grant(now, count) {
+        Ok(first) => {
+            st.timestamps_issued += u64::from(count);
+            Ok(Ok(first))
+        }
+        Err(CoreError::WindowExhausted { .. }) => Ok(Err(Blocked::Exhausted)),
+        Err(CoreError::NotLeader) => Ok(Err(Blocked::NotServing(st.phase))),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Grant `count` consecutive timestamps in one millisecond; returns the first.
+pub fn next(count: i64) -> Result<u64, TsoError> {
+    let signals = shmem::signals()?;
+    ensure_primary("issue timestamps")?;
+    let count = u32::try_from(count)
+        .ok()
+        .filter(|c| (1..=MAX_BATCH).contains(c))
+        .ok_or_else(|| TsoError::InvalidArgument(format!("count must be between 1 and {MAX_BATCH}, got {count}")))?;
+
+    let blocked = match try_grant(count)? {
+        Ok(first) => return Ok(first),
+        Err(blocked) => blocked,
+    };
+    let mut last_block = blocked;
+    let outcome = wait_for_worker(signals, || {
+        poke(signals, &last_block);
+        match try_grant(count)? {
+            Ok(first) => Ok(Some(first)),
+            Err(blocked) => {
+                last_block = blocked;
+                Ok(None)
+            }
+        }
+    })?;
+    match outcome {
+        Some(first) => Ok(first),
+        None => Err(match last_block {
+            Blocked::NotServing(phase) => not_serving(signals, phase),
+            Blocked::Exhausted => TsoError::WorkerTimeout {
+                waited_ms: guc::extension_timeout_ms(),
+                what: "extend the timestamp window",
+            },
+        }),
+    }
+}
+
+fn poke(signals: &Signals, blocked: &Blocked) {
+    match blocked {
+        Blocked::Exhausted => signals.request_extension(),
+        Blocked::NotServing(_) => signals.wake_worker(),
+    }
+}
+
+/// The retryable error for a phase in which nothing is served.
+pub fn not_serving(signals: &Signals, phase: Phase) -> TsoError {
+    let why = match phase {
+        Phase::WaitingForExtension => format!(
+            "CREATE EXTENSION tsoracle has not been run in database \"{}\" (tsoracle.database)",
+            guc::database()
+        ),
+        Phase::Fencing => "the fence is running after a start, crash or promotion".to_string(),
+        Phase::Starting if signals.worker_pid() == 0 => {
+            "the tsoracle worker is not running (it starts when recovery ends; see the server log)".to_string()
+        }
+        Phase::Starting => format!("the tsoracle worker is connecting to database \"{}\"", guc::database()),
+        Phase::Serving => "the window is being re-fenced".to_string(),
+    };
+    TsoError::NotServing(why)
+}
+
+/// Sleep on the worker's condition variable until `poll` yields a value or
+/// `tsoracle.extension_timeout_ms` passes (`Ok(None)`). Interrupts (cancel,
+/// statement_timeout) are honoured while sleeping.
+pub fn wait_for_worker<T>(
+    signals: &Signals,
+    mut poll: impl FnMut() -> Result<Option<T>, TsoError>,
+) -> Result<Option<T>, TsoError> {
+    let timeout_ms = guc::extension_timeout_ms();
+    let started = Instant::now();
+    let cv = signals.condvar();
+    unsafe { pg_sys::ConditionVariablePrepareToSleep(cv) };
+    let result = loop {
+        match poll() {
+            Ok(Some(v)) => break Ok(Some(v)),
+            Ok(None) => {}
+            Err(e) => break Err(e),
+        }
+        let left = timeout_ms - started.elapsed().as_millis() as i64;
+        if left <= 0 {
+            break Ok(None);
+        }
+        // Short sleeps: the worker may have been between lives when we poked it.
+        unsafe { pg_sys::ConditionVariableTimedSleep(cv, left.min(50), pg_sys::PG_WAIT_EXTENSION) };
+    };
+    unsafe { pg_sys::ConditionVariableCancelSleep() };
+    result
+}

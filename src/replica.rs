@@ -1,0 +1,112 @@
+//! Hot standby support: who the primary is, and whether commits are replicated.
+
+use pgrx::pg_sys;
+use std::ffi::CStr;
+
+/// Read a GUC's current value as a string (None if unset or unknown).
+pub fn config_option(name: &CStr) -> Option<String> {
+    let ptr = unsafe { pg_sys::GetConfigOption(name.as_ptr(), true, false) };
+    if ptr.is_null() {
+        return None;
+    }
+    let value = unsafe { CStr::from_ptr(ptr) }.to_string_lossy().trim().to_string();
+    (!value.is_empty()).then_some(value)
+}
+
+/// host and port of the primary, from `primary_conninfo` (keyword/value form).
+pub fn primary_address() -> Option<(String, Option<String>)> {
+    let conninfo = config_option(c"primary_conninfo")?;
+    let mut host = None;
+    let mut port = None;
+    for (key, value) in conninfo_pairs(&conninfo) {
+        match key.as_str() {
+            "host" | "hostaddr" if host.is_none() => host = Some(value),
+            "port" => port = Some(value),
+            _ => {}
+        }
+    }
+    host.map(|h| (h, port))
+}
+
+/// Split a libpq keyword/value string, honouring single quotes and backslash escapes.
+fn conninfo_pairs(s: &str) -> Vec<(String, String)> {
+    let mut pairs = Vec::new();
+    let mut chars = s.chars().peekable();
+    loop {
+        while chars.peek().is_some_and(|c| c.is_whitespace()) {
+            chars.next();
+        }
+        let key: String = chars.by_ref().take_while(|&c| c != '=').collect::<String>().trim().to_string();
+        if key.is_empty() {
+            break;
+        }
+        while chars.peek().is_some_and(|c| c.is_whitespace()) {
+            chars.next();
+        }
+        let mut value = String::new();
+        if chars.peek() == Some(&'\'') {
+            chars.next();
+            while let Some(c) = chars.next() {
+                match c {
+                    '\\' => value.extend(chars.next()),
+                    '\'' => break,
+                    c => value.push(c),
+                }
+            }
+        } else {
+            while let Some(&c) = chars.peek() {
+                if c.is_whitespace() {
+                    break;
+                }
+                value.push(c);
+                chars.next();
+            }
+        }
+        pairs.push((key, value));
+    }
+    pairs
+}
+
+/// HINT for calls made on a standby.
+pub fn primary_hint() -> Option<String> {
+    match primary_address() {
+        Some((host, Some(port))) => Some(format!(
+            "Connect to the primary at host={host} port={port} (libpq: target_session_attrs=read-write)."
+        )),
+        Some((host, None)) => Some(format!(
+            "Connect to the primary at host={host} (libpq: target_session_attrs=read-write)."
+        )),
+        None => Some("Connect to the primary (libpq: target_session_attrs=read-write).".into()),
+    }
+}
+
+/// Whether commits wait for synchronous standbys (`synchronous_standby_names` is set).
+pub fn sync_replication_configured() -> bool {
+    config_option(c"synchronous_standby_names").is_some()
+}
+
+/// Called by the worker after each commit, before the allocator may serve from it.
+/// The worker ignores query cancels, so its commits cannot be cut short of the
+/// synchronous-replication wait; the standby-side checks live with the replica work.
+pub fn confirm_durable() {}
+
+#[cfg(any(test, feature = "pg_test"))]
+#[pgrx::pg_schema]
+mod tests {
+    use super::conninfo_pairs;
+    use pgrx::prelude::*;
+
+    #[pg_test]
+    fn conninfo_is_parsed() {
+        let pairs = conninfo_pairs("user=postgres host='127.0.0.1' port=5433 application_name='a b\\'c'");
+        assert_eq!(
+            pairs,
+            vec![
+                ("user".into(), "postgres".into()),
+                ("host".into(), "127.0.0.1".into()),
+                ("port".into(), "5433".into()),
+                ("application_name".into(), "a b'c".into()),
+            ]
+        );
+    }
+}

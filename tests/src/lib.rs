@@ -1,0 +1,36 @@
+//! Test harness for tsoracle: real PostgreSQL 15 clusters on loopback ports.
+//!
+//! * [`node`]: one cluster ([`Node`]): initdb, start/stop/restart, crash it, connect, configure,
+//!   base backups and promotion for replicas. Dropping a node stops it (immediate) and deletes its
+//!   directory; if the thread is panicking, the tail of the server log is printed first.
+//! * [`history`]: recorders of client-observed calls and checkers for them: timestamps must be
+//!   unique and respect real-time order ([`History`]); dense per-key blocks must tile their range
+//!   ([`DenseHistory`]).
+//! * [`load`]: N client threads calling a statement in a loop, reconnecting across restarts and
+//!   recording every call in a [`History`].
+//! * [`tso`]: helpers for the extension's SQL surface (`tso_status()`, `wait_serving`, the
+//!   timestamp layout, SQLSTATE assertions).
+//!
+//! Everything is bounded in time: no helper can wait forever.
+
+pub mod error;
+pub mod history;
+pub mod load;
+pub mod node;
+pub mod rng;
+pub mod tso;
+
+pub use error::{pg_error_string, HarnessError};
+pub use history::{
+    check_calls, check_dense, Call, DenseCall, DenseHistory, DenseReport, DenseViolation, History,
+    HistoryReport, Violation,
+};
+pub use load::{ops, Endpoint, Load, LoadOptions, LoadStats, Op};
+pub use node::{Node, NodeOpts, StopMode};
+pub use rng::SplitMix64;
+pub use tso::{
+    expect_sqlstate, logical, now_ms, physical, wait_serving, TsoStatus, LOGICAL_BITS,
+    LOGICAL_MASK,
+};
+
+pub type Result<T, E = HarnessError> = std::result::Result<T, E>;
