@@ -171,23 +171,9 @@ fn tso_status() -> TableIterator<
 #[pg_schema]
 mod tests {
     use super::*;
-    use pgrx::pg_sys::panic::CaughtError;
-    use pgrx::PgSqlErrorCode::{self, *};
+    use crate::testing::sqlstate_of;
+    use pgrx::PgSqlErrorCode::*;
     use tsoracle_core::timestamp::{logical, physical_ms};
-
-    /// Run `f`, which must raise an error, and return its SQLSTATE.
-    fn sqlstate_of<R>(f: impl FnOnce() -> R + std::panic::UnwindSafe) -> PgSqlErrorCode {
-        PgTryBuilder::new(|| {
-            f();
-            None
-        })
-        .catch_others(|e| match e {
-            CaughtError::ErrorReport(r) | CaughtError::PostgresError(r) => Some(r.sql_error_code()),
-            CaughtError::RustPanic { ereport, .. } => panic!("a Rust panic, not an error: {}", ereport.message()),
-        })
-        .execute()
-        .expect("the call succeeded but an error was expected")
-    }
 
     fn now_ms() -> u64 {
         crate::clock::now_ms()

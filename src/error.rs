@@ -26,6 +26,16 @@ pub enum TsoError {
     #[error("{0}")]
     DatetimeOutOfRange(String),
 
+    #[error("{0}")]
+    NumericOutOfRange(String),
+
+    #[error("too many sequence keys: tsoracle.max_seq_keys is {0}")]
+    TooManyKeys(u64),
+
+    /// The worker may or may not have committed the request (its caller's block is then a gap).
+    #[error("{0}; the outcome is unknown")]
+    OutcomeUnknown(String),
+
     #[error("permission denied: {0}")]
     InsufficientPrivilege(String),
 
@@ -42,6 +52,9 @@ impl TsoError {
             TsoError::Standby(_) => ERRCODE_READ_ONLY_SQL_TRANSACTION,
             TsoError::InvalidArgument(_) => ERRCODE_INVALID_PARAMETER_VALUE,
             TsoError::DatetimeOutOfRange(_) => ERRCODE_DATETIME_FIELD_OVERFLOW,
+            TsoError::NumericOutOfRange(_) => ERRCODE_NUMERIC_VALUE_OUT_OF_RANGE,
+            TsoError::TooManyKeys(_) => ERRCODE_PROGRAM_LIMIT_EXCEEDED,
+            TsoError::OutcomeUnknown(_) => ERRCODE_T_R_STATEMENT_COMPLETION_UNKNOWN,
             TsoError::InsufficientPrivilege(_) => ERRCODE_INSUFFICIENT_PRIVILEGE,
             TsoError::Internal(_) => ERRCODE_INTERNAL_ERROR,
         }
@@ -58,6 +71,13 @@ impl TsoError {
                     .into(),
             ),
             TsoError::Standby(_) => crate::replica::primary_hint(),
+            TsoError::TooManyKeys(_) => {
+                Some("Raise tsoracle.max_seq_keys, or reuse existing keys.".into())
+            }
+            TsoError::OutcomeUnknown(_) => Some(
+                "Check with tso_seq_peek(): a block the worker committed for a caller that left is a gap, never granted again."
+                    .into(),
+            ),
             _ => None,
         }
     }
@@ -80,7 +100,12 @@ impl From<CoreError> for TsoError {
         match e {
             CoreError::InvalidCount { .. }
             | CoreError::PhysicalOutOfRange(_)
-            | CoreError::LogicalOutOfRange(_) => TsoError::InvalidArgument(e.to_string()),
+            | CoreError::LogicalOutOfRange(_)
+            | CoreError::InvalidSeqKey { .. }
+            | CoreError::InvalidHolder { .. }
+            | CoreError::InvalidTtl { .. } => TsoError::InvalidArgument(e.to_string()),
+            CoreError::SeqOverflow { .. } => TsoError::NumericOutOfRange(e.to_string()),
+            CoreError::TooManySeqKeys { max } => TsoError::TooManyKeys(max),
             CoreError::NotLeader => TsoError::NotServing("the fence has not completed".into()),
             other => TsoError::Internal(other.to_string()),
         }

@@ -7,6 +7,8 @@ pub static DATABASE: GucSetting<Option<CString>> = GucSetting::<Option<CString>>
 pub static WINDOW_AHEAD_MS: GucSetting<i32> = GucSetting::<i32>::new(3000);
 pub static FAILOVER_ADVANCE_MS: GucSetting<i32> = GucSetting::<i32>::new(1000);
 pub static EXTENSION_TIMEOUT_MS: GucSetting<i32> = GucSetting::<i32>::new(5000);
+pub static MAX_SEQ_COUNT: GucSetting<i32> = GucSetting::<i32>::new(65536);
+pub static MAX_SEQ_KEYS: GucSetting<i32> = GucSetting::<i32>::new(100_000);
 
 pub fn define() {
     GucRegistry::define_string_guc(
@@ -47,6 +49,26 @@ pub fn define() {
         GucContext::Sighup,
         GucFlags::UNIT_MS,
     );
+    GucRegistry::define_int_guc(
+        c"tsoracle.max_seq_count",
+        c"Largest block one tso_seq() call may take.",
+        c"Larger counts are rejected with SQLSTATE 22023.",
+        &MAX_SEQ_COUNT,
+        1,
+        i32::MAX,
+        GucContext::Suset,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"tsoracle.max_seq_keys",
+        c"Most distinct tso_seq() keys the counter table may hold.",
+        c"A call that would create a key beyond it fails with SQLSTATE 54000.",
+        &MAX_SEQ_KEYS,
+        1,
+        i32::MAX,
+        GucContext::Sighup,
+        GucFlags::default(),
+    );
     unsafe { pgrx::pg_sys::MarkGUCPrefixReserved(c"tsoracle".as_ptr()) };
 }
 
@@ -67,4 +89,12 @@ pub fn failover_advance_ms() -> u64 {
 
 pub fn extension_timeout_ms() -> i64 {
     i64::from(EXTENSION_TIMEOUT_MS.get().max(1))
+}
+
+pub fn max_seq_count() -> u64 {
+    MAX_SEQ_COUNT.get().max(1) as u64
+}
+
+pub fn max_seq_keys() -> u64 {
+    MAX_SEQ_KEYS.get().max(1) as u64
 }

@@ -12,8 +12,12 @@ mod error;
 mod guc;
 mod oracle;
 mod replica;
+mod seq;
 mod shmem;
 mod worker;
+
+#[cfg(any(test, feature = "pg_test"))]
+mod testing;
 
 ::pgrx::pg_module_magic!(name, version);
 
@@ -44,6 +48,16 @@ CREATE TABLE tsoracle.high_water (
 );
 COMMENT ON TABLE tsoracle.high_water IS 'Durable upper bound (Unix ms) of every timestamp tsoracle has issued; epoch is the WAL timeline of the last fence.';
 SELECT pg_catalog.pg_extension_config_dump('tsoracle.high_water', '');
+
+-- Dense counters for tso_seq(): `next` is the start of the next block. Advanced only by the
+-- worker, in group commits, never backwards.
+CREATE TABLE tsoracle.seq (
+    key        text PRIMARY KEY CHECK (octet_length(key) BETWEEN 1 AND 128),
+    next       bigint NOT NULL CHECK (next >= 0),
+    updated_at timestamptz NOT NULL DEFAULT now()
+);
+COMMENT ON TABLE tsoracle.seq IS 'tso_seq() counters: next is the first value of the next block granted for key.';
+SELECT pg_catalog.pg_extension_config_dump('tsoracle.seq', '');
 
 REVOKE ALL ON SCHEMA tsoracle FROM PUBLIC;
 REVOKE ALL ON ALL TABLES IN SCHEMA tsoracle FROM PUBLIC;

@@ -6,7 +6,7 @@
 use crate::clock::now_ms;
 use crate::error::TsoError;
 use crate::guc;
-use crate::shmem::{self, Phase, Signals, ORACLE};
+use crate::shmem::{self, Phase, Reply, Request, Signals, Ticket, ORACLE, QUEUE};
 use pgrx::pg_sys;
 use std::time::Instant;
 use tsoracle_core::allocator::MAX_BATCH;
@@ -106,11 +106,17 @@ pub fn not_serving(signals: &Signals, phase: Phase) -> TsoError {
 /// statement_timeout) are honoured while sleeping.
 pub fn wait_for_worker<T>(
     signals: &Signals,
+    poll: impl FnMut() -> Result<Option<T>, TsoError>,
+) -> Result<Option<T>, TsoError> {
+    wait_on(signals.condvar(), poll)
+}
+
+fn wait_on<T>(
+    cv: *mut pg_sys::ConditionVariable,
     mut poll: impl FnMut() -> Result<Option<T>, TsoError>,
 ) -> Result<Option<T>, TsoError> {
     let timeout_ms = guc::extension_timeout_ms();
     let started = Instant::now();
-    let cv = signals.condvar();
     unsafe { pg_sys::ConditionVariablePrepareToSleep(cv) };
     let result = loop {
         match poll() {
@@ -127,4 +133,76 @@ pub fn wait_for_worker<T>(
     };
     unsafe { pg_sys::ConditionVariableCancelSleep() };
     result
+}
+
+/// Hand `requests` to the worker as one unit (all in the same group commit) and wait for
+/// its answers. Waiting is bounded by `tsoracle.extension_timeout_ms`; a caller that leaves
+/// (timeout, cancel, disconnect) after the worker took its requests may lose their effect
+/// (a gap), which is never given to anyone else.
+pub fn submit(requests: &[Request]) -> Result<Vec<Reply>, TsoError> {
+    let signals = shmem::signals()?;
+    let tickets = wait_on(signals.answers_condvar(), || {
+        let tickets = QUEUE.exclusive().enqueue(requests);
+        if tickets.is_none() {
+            signals.wake_worker();
+        }
+        Ok(tickets)
+    })?
+    .ok_or(TsoError::WorkerTimeout { waited_ms: guc::extension_timeout_ms(), what: "free a slot in its request queue" })?;
+    signals.wake_worker();
+
+    let mut pending = PendingTickets { tickets, answered: false };
+    let replies = wait_on(signals.answers_condvar(), || {
+        let mut queue = QUEUE.exclusive();
+        if !pending.tickets.iter().all(|&t| queue.is_answered(t)) {
+            drop(queue);
+            signals.wake_worker();
+            return Ok(None);
+        }
+        let replies: Vec<Reply> = pending.tickets.iter().filter_map(|&t| queue.take_reply(t)).collect();
+        Ok(Some(replies))
+    })?;
+    match replies {
+        Some(replies) if replies.len() == requests.len() => {
+            pending.answered = true;
+            Ok(replies)
+        }
+        _ => {
+            let maybe_done = pending.abandon();
+            let phase = ORACLE.share().phase;
+            Err(if maybe_done {
+                TsoError::OutcomeUnknown(format!(
+                    "timed out after {} ms waiting for the tsoracle worker to commit",
+                    guc::extension_timeout_ms()
+                ))
+            } else if phase != Phase::Serving {
+                not_serving(signals, phase)
+            } else {
+                TsoError::WorkerTimeout { waited_ms: guc::extension_timeout_ms(), what: "take the request" }
+            })
+        }
+    }
+}
+
+/// Tickets a caller holds; dropped without an answer (error, cancel) they are abandoned.
+struct PendingTickets {
+    tickets: Vec<Ticket>,
+    answered: bool,
+}
+
+impl PendingTickets {
+    /// Give up the tickets; true if the worker may already have committed any of them.
+    fn abandon(&mut self) -> bool {
+        self.answered = true;
+        let mut queue = QUEUE.exclusive();
+        self.tickets.iter().fold(false, |maybe, &t| queue.abandon(t) | maybe)
+    }
+}
+
+impl Drop for PendingTickets {
+    fn drop(&mut self) {
+        if !self.answered {
+            self.abandon();
+        }
+    }
 }

@@ -63,11 +63,251 @@ unsafe impl PGRXSharedMemory for OracleState {}
 
 pub static ORACLE: PgLwLock<OracleState> = unsafe { PgLwLock::new(c"tsoracle_oracle") };
 
+/// Capacity of the request queue (sequence and lease calls waiting for the worker).
+pub const QUEUE_SLOTS: usize = 256;
+/// Longest key or lease holder name, in bytes.
+pub const NAME_BYTES: usize = 128;
+
+/// A request that only the worker can carry out (it writes durable state).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[repr(u8)]
+pub enum RequestKind {
+    #[default]
+    SeqAdvance,
+    SeqPeek,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[repr(u8)]
+pub enum SlotState {
+    #[default]
+    Free,
+    /// Filled by a caller, waiting for the worker.
+    Pending,
+    /// Taken by the worker into its current transaction.
+    Taken,
+    /// Answered; the caller reads `reply` and frees the slot.
+    Done,
+    /// The caller left (cancel, timeout) after the worker took the request: whatever the
+    /// worker commits for it is burnt, never given to anyone else.
+    Abandoned,
+}
+
+/// How the worker answered.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[repr(u8)]
+pub enum ReplyCode {
+    #[default]
+    Ok,
+    /// The value is NULL (tso_seq_peek of an unknown key).
+    Null,
+    SeqOverflow,
+    TooManyKeys,
+    /// The worker restarted while holding the request: it may or may not have committed.
+    Unknown,
+}
+
+#[derive(Clone, Copy, Debug)]
+#[repr(C)]
+pub struct Request {
+    pub kind: RequestKind,
+    /// Requests of one `tso_seq_batch()` call share a batch id and commit or fail together.
+    pub batch: u64,
+    pub name_len: u8,
+    pub name: [u8; NAME_BYTES],
+    pub count: u64,
+}
+
+impl Request {
+    /// `batch` is assigned when the request is queued.
+    pub fn new(kind: RequestKind, name: &str, count: u64) -> Self {
+        let mut buf = [0u8; NAME_BYTES];
+        let len = name.len().min(NAME_BYTES);
+        buf[..len].copy_from_slice(&name.as_bytes()[..len]);
+        Request { kind, batch: 0, name_len: len as u8, name: buf, count }
+    }
+
+    pub fn name(&self) -> &str {
+        // Written from a &str, cut only at NAME_BYTES, which validation keeps whole.
+        std::str::from_utf8(&self.name[..usize::from(self.name_len)]).unwrap_or("")
+    }
+}
+
+impl Default for Request {
+    fn default() -> Self {
+        Request::new(RequestKind::SeqAdvance, "", 0)
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+#[repr(C)]
+pub struct Reply {
+    pub code: ReplyCode,
+    pub value: i64,
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+#[repr(C)]
+pub struct Slot {
+    pub state: SlotState,
+    /// Changes every time the slot is handed out, so a late answer or a late release can
+    /// never touch another caller's request.
+    pub generation: u64,
+    pub request: Request,
+    pub reply: Reply,
+}
+
+/// Fixed-size queue of requests for the worker, under its own LWLock.
+#[derive(Clone, Copy, Debug)]
+#[repr(C)]
+pub struct RequestQueue {
+    pub slots: [Slot; QUEUE_SLOTS],
+    pub next_generation: u64,
+    /// Group commits made for requests, and requests they carried (mean group size).
+    pub group_commits: u64,
+    pub grouped_requests: u64,
+}
+
+impl Default for RequestQueue {
+    fn default() -> Self {
+        RequestQueue {
+            slots: [Slot::default(); QUEUE_SLOTS],
+            next_generation: 1,
+            group_commits: 0,
+            grouped_requests: 0,
+        }
+    }
+}
+
+/// A caller's handle on its slot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ticket {
+    pub index: usize,
+    pub generation: u64,
+}
+
+impl RequestQueue {
+    pub fn free_slots(&self) -> usize {
+        self.slots.iter().filter(|s| s.state == SlotState::Free).count()
+    }
+
+    /// Put all `requests` in at once (a batch is all or nothing), or none if there is no room.
+    pub fn enqueue(&mut self, requests: &[Request]) -> Option<Vec<Ticket>> {
+        if self.free_slots() < requests.len() {
+            return None;
+        }
+        let mut tickets = Vec::with_capacity(requests.len());
+        // One call's requests form one batch, named after its first generation.
+        let batch = self.next_generation;
+        let mut free = self.slots.iter_mut().enumerate().filter(|(_, s)| s.state == SlotState::Free);
+        for request in requests {
+            let (index, slot) = free.next()?;
+            let generation = self.next_generation;
+            self.next_generation += 1;
+            let request = Request { batch, ..*request };
+            *slot = Slot { state: SlotState::Pending, generation, request, reply: Reply::default() };
+            tickets.push(Ticket { index, generation });
+        }
+        Some(tickets)
+    }
+
+    fn slot_mut(&mut self, ticket: Ticket) -> Option<&mut Slot> {
+        self.slots.get_mut(ticket.index).filter(|s| s.generation == ticket.generation)
+    }
+
+    pub fn is_answered(&self, ticket: Ticket) -> bool {
+        self.slots
+            .get(ticket.index)
+            .is_some_and(|s| s.generation == ticket.generation && s.state == SlotState::Done)
+    }
+
+    /// The reply, once the worker answered; frees the slot.
+    pub fn take_reply(&mut self, ticket: Ticket) -> Option<Reply> {
+        let slot = self.slot_mut(ticket)?;
+        if slot.state != SlotState::Done {
+            return None;
+        }
+        slot.state = SlotState::Free;
+        Some(slot.reply)
+    }
+
+    /// The caller gives up. Returns true if the worker had already taken (or answered) the
+    /// request, i.e. its effect may be durable.
+    pub fn abandon(&mut self, ticket: Ticket) -> bool {
+        let Some(slot) = self.slot_mut(ticket) else { return false };
+        match slot.state {
+            SlotState::Pending => {
+                slot.state = SlotState::Free;
+                false
+            }
+            SlotState::Taken => {
+                slot.state = SlotState::Abandoned;
+                true
+            }
+            SlotState::Done => {
+                slot.state = SlotState::Free;
+                slot.reply.code != ReplyCode::Unknown
+            }
+            SlotState::Free | SlotState::Abandoned => false,
+        }
+    }
+
+    /// Worker: take every pending request, in queue (generation) order.
+    pub fn take_pending(&mut self) -> Vec<(Ticket, Request)> {
+        let mut taken: Vec<(Ticket, Request)> = self
+            .slots
+            .iter_mut()
+            .enumerate()
+            .filter(|(_, s)| s.state == SlotState::Pending)
+            .map(|(index, s)| {
+                s.state = SlotState::Taken;
+                (Ticket { index, generation: s.generation }, s.request)
+            })
+            .collect();
+        taken.sort_by_key(|(t, _)| t.generation);
+        taken
+    }
+
+    /// Worker: answer a request it took; a request whose caller left is freed (a gap).
+    pub fn answer(&mut self, ticket: Ticket, reply: Reply) {
+        if let Some(slot) = self.slot_mut(ticket) {
+            match slot.state {
+                SlotState::Taken => {
+                    slot.state = SlotState::Done;
+                    slot.reply = reply;
+                }
+                SlotState::Abandoned => slot.state = SlotState::Free,
+                _ => {}
+            }
+        }
+    }
+
+    /// Worker start: requests a previous worker took may or may not be committed.
+    pub fn fail_taken(&mut self) {
+        for slot in self.slots.iter_mut() {
+            match slot.state {
+                SlotState::Taken => {
+                    slot.state = SlotState::Done;
+                    slot.reply = Reply { code: ReplyCode::Unknown, value: 0 };
+                }
+                SlotState::Abandoned => slot.state = SlotState::Free,
+                _ => {}
+            }
+        }
+    }
+}
+
+unsafe impl PGRXSharedMemory for RequestQueue {}
+
+pub static QUEUE: PgLwLock<RequestQueue> = unsafe { PgLwLock::new(c"tsoracle_queue") };
+
 /// Lock-free signals between callers and the worker.
 #[repr(C)]
 pub struct Signals {
     /// Broadcast by the worker whenever the committed window or the phase changes.
     window_moved: UnsafeCell<pg_sys::ConditionVariable>,
+    /// Broadcast by the worker when it has answered requests (or freed queue slots).
+    requests_answered: UnsafeCell<pg_sys::ConditionVariable>,
     /// The worker's process latch (in shared memory, so any backend may set it).
     worker_latch: AtomicPtr<pg_sys::Latch>,
     worker_pid: AtomicI32,
@@ -124,6 +364,14 @@ impl Signals {
     pub fn broadcast(&self) {
         unsafe { pg_sys::ConditionVariableBroadcast(self.condvar()) };
     }
+
+    pub fn answers_condvar(&self) -> *mut pg_sys::ConditionVariable {
+        self.requests_answered.get()
+    }
+
+    pub fn broadcast_answers(&self) {
+        unsafe { pg_sys::ConditionVariableBroadcast(self.answers_condvar()) };
+    }
 }
 
 /// A `Signals` block in shared memory; like pgrx's `PgAtomic`, but its condition variable is
@@ -174,12 +422,14 @@ impl PgSharedMemoryInitialization for SharedSignals {
             if !found {
                 ptr.write(Signals {
                     window_moved: UnsafeCell::new(std::mem::zeroed()),
+                    requests_answered: UnsafeCell::new(std::mem::zeroed()),
                     worker_latch: AtomicPtr::new(std::ptr::null_mut()),
                     worker_pid: AtomicI32::new(0),
                     extension_requested: AtomicBool::new(false),
                     seed_requested_ms: AtomicU64::new(0),
                 });
                 pg_sys::ConditionVariableInit((*ptr).window_moved.get());
+                pg_sys::ConditionVariableInit((*ptr).requests_answered.get());
             }
             *self.inner.get() = ptr;
             pg_sys::LWLockRelease(init_lock);
@@ -192,6 +442,7 @@ pub static SIGNALS: SharedSignals = SharedSignals::new(c"tsoracle_signals");
 /// Called from `_PG_init` when preloading.
 pub fn init() {
     pgrx::pg_shmem_init!(ORACLE);
+    pgrx::pg_shmem_init!(QUEUE);
     pgrx::pg_shmem_init!(SIGNALS = SignalsInit);
 }
 

@@ -7,11 +7,14 @@
 
 use crate::clock::now_ms;
 use crate::guc;
-use crate::shmem::{self, Phase, Signals, ORACLE};
+use crate::shmem::{self, Phase, Reply, ReplyCode, Request, RequestKind, Signals, Ticket, ORACLE, QUEUE};
 use pgrx::bgworkers::{BackgroundWorker, BackgroundWorkerBuilder, BgWorkerStartTime, SignalWakeFlags};
 use pgrx::prelude::*;
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 use tsoracle_core::allocator::WindowExtension;
+use tsoracle_core::error::CoreError;
+use tsoracle_core::seq::{plan_group, SeqRequest};
 
 pub const WORKER_TYPE: &str = "tsoracle worker";
 
@@ -52,6 +55,9 @@ pub extern "C-unwind" fn tsoracle_worker_main(_arg: pg_sys::Datum) {
     let database = guc::database();
     BackgroundWorker::connect_worker_to_spi(Some(&database), None);
 
+    // Requests a previous worker took may or may not have been committed: say so.
+    QUEUE.exclusive().fail_taken();
+    signals.broadcast_answers();
     unsafe {
         signals.set_worker(pg_sys::MyLatch, pg_sys::MyProcPid);
         pg_sys::before_shmem_exit(Some(on_worker_exit), pg_sys::Datum::from(0usize));
@@ -195,6 +201,8 @@ fn serve(signals: &Signals) -> Stop {
             continue;
         }
 
+        serve_requests(signals);
+
         let requested = signals.take_extension_request();
         let now = now_ms();
         let extension = {
@@ -251,4 +259,95 @@ fn extend(signals: &Signals, extension: WindowExtension) -> bool {
             false
         }
     }
+}
+
+/// Group commit: take every pending request into ONE transaction, commit once (with
+/// `synchronous_commit = on`), then answer them all.
+fn serve_requests(signals: &Signals) {
+    let taken = QUEUE.exclusive().take_pending();
+    if taken.is_empty() {
+        return;
+    }
+    let replies = BackgroundWorker::transaction(|| advance_sequences(&taken));
+    crate::replica::confirm_durable();
+    {
+        let mut queue = QUEUE.exclusive();
+        for (&(ticket, _), reply) in taken.iter().zip(replies) {
+            queue.answer(ticket, reply);
+        }
+        queue.group_commits += 1;
+        queue.grouped_requests += taken.len() as u64;
+    }
+    ORACLE.exclusive().worker_commits += 1;
+    signals.broadcast_answers();
+}
+
+/// The sequence part of a group commit: read the touched counters (locked), plan every
+/// block in queue order (pure, `plan_group`), write each moved counter once.
+fn advance_sequences(taken: &[(Ticket, Request)]) -> Vec<Reply> {
+    let keys: Vec<String> = {
+        let mut keys: Vec<String> = taken.iter().map(|(_, r)| r.name().to_string()).collect();
+        keys.sort_unstable();
+        keys.dedup();
+        keys
+    };
+    let current: HashMap<String, i64> = Spi::connect_mut(|client| {
+        let rows = client.update(
+            "SELECT key, next FROM tsoracle.seq WHERE key = ANY($1) ORDER BY key FOR UPDATE",
+            None,
+            &[keys.clone().into()],
+        )?;
+        rows.map(|row| Ok((row.get::<String>(1)?.unwrap_or_default(), row.get::<i64>(2)?.unwrap_or(0))))
+            .collect::<Result<HashMap<_, _>, pgrx::spi::Error>>()
+    })
+    .unwrap_or_else(|e| pgrx::error!("tsoracle could not read the sequence counters: {e}"));
+
+    let advances: Vec<(usize, SeqRequest)> = taken
+        .iter()
+        .enumerate()
+        .filter(|(_, (_, r))| r.kind == RequestKind::SeqAdvance)
+        .map(|(i, (_, r))| (i, SeqRequest { batch: r.batch, key: r.name(), count: r.count }))
+        .collect();
+    let creates_keys = advances.iter().any(|(_, r)| !current.contains_key(r.key));
+    let existing_keys = if creates_keys {
+        Spi::get_one::<i64>("SELECT count(*) FROM tsoracle.seq")
+            .unwrap_or_else(|e| pgrx::error!("tsoracle could not count the sequence keys: {e}"))
+            .unwrap_or(0)
+            .max(0) as u64
+    } else {
+        0
+    };
+    let current_ref: HashMap<&str, i64> = current.iter().map(|(k, &v)| (k.as_str(), v)).collect();
+    let requests: Vec<SeqRequest> = advances.iter().map(|(_, r)| r.clone()).collect();
+    let plan = plan_group(&requests, &current_ref, existing_keys, guc::max_seq_keys());
+
+    if !plan.updates.is_empty() {
+        let (keys, values): (Vec<String>, Vec<i64>) = plan.updates.iter().cloned().unzip();
+        Spi::run_with_args(
+            "INSERT INTO tsoracle.seq AS s (key, next) SELECT * FROM unnest($1::text[], $2::bigint[]) \
+             ON CONFLICT (key) DO UPDATE SET next = GREATEST(s.next, EXCLUDED.next), updated_at = now()",
+            &[keys.into(), values.into()],
+        )
+        .unwrap_or_else(|e| pgrx::error!("tsoracle could not advance the sequence counters: {e}"));
+    }
+
+    let mut replies = vec![Reply::default(); taken.len()];
+    for ((i, _), result) in advances.iter().zip(&plan.results) {
+        replies[*i] = match result {
+            Ok(start) => Reply { code: ReplyCode::Ok, value: *start },
+            Err(CoreError::SeqOverflow { .. }) => Reply { code: ReplyCode::SeqOverflow, value: 0 },
+            Err(_) => Reply { code: ReplyCode::TooManyKeys, value: 0 },
+        };
+    }
+    // Peeks see the counters as this group leaves them.
+    let after: HashMap<&str, i64> = plan.updates.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+    for (i, (_, r)) in taken.iter().enumerate() {
+        if r.kind == RequestKind::SeqPeek {
+            replies[i] = match after.get(r.name()).or_else(|| current.get(r.name())) {
+                Some(&next) => Reply { code: ReplyCode::Ok, value: next },
+                None => Reply { code: ReplyCode::Null, value: 0 },
+            };
+        }
+    }
+    replies
 }

@@ -220,12 +220,18 @@ mod tests {
         assert!(!a.is_serving());
         assert_eq!(a.epoch(), None);
         assert_eq!(a.try_grant(NOW, 1), Err(CoreError::NotLeader));
-        assert_eq!(a.prepare_window_extension(NOW, 10), Err(CoreError::NotLeader));
+        assert_eq!(
+            a.prepare_window_extension(NOW, 10),
+            Err(CoreError::NotLeader)
+        );
         assert!(!a.needs_extension(NOW, 3000));
         assert_eq!(a.window_left_ms(NOW), 0);
         assert_eq!(
             a.commit_window_extension(NOW, 0),
-            Err(CoreError::EpochMismatch { current: None, got: 0 })
+            Err(CoreError::EpochMismatch {
+                current: None,
+                got: 0
+            })
         );
     }
 
@@ -257,7 +263,10 @@ mod tests {
         let before = a;
         assert_eq!(
             a.try_grant(NOW, 1),
-            Err(CoreError::WindowExhausted { needed_ms: NOW + 2, high_water_ms: NOW + 1 })
+            Err(CoreError::WindowExhausted {
+                needed_ms: NOW + 2,
+                high_water_ms: NOW + 1
+            })
         );
         assert_eq!(a, before);
     }
@@ -276,7 +285,10 @@ mod tests {
         for count in [0, MAX_BATCH + 1, u32::MAX] {
             assert_eq!(
                 a.try_grant(NOW, count),
-                Err(CoreError::InvalidCount { got: i64::from(count), max: 262_144 })
+                Err(CoreError::InvalidCount {
+                    got: i64::from(count),
+                    max: 262_144
+                })
             );
         }
         assert_eq!(a.last_issued(), None);
@@ -289,13 +301,23 @@ mod tests {
         assert!(!a.would_grant(NOW + 11, 1));
         assert_eq!(
             a.try_grant(NOW + 11, 1),
-            Err(CoreError::WindowExhausted { needed_ms: NOW + 11, high_water_ms: NOW + 10 })
+            Err(CoreError::WindowExhausted {
+                needed_ms: NOW + 11,
+                high_water_ms: NOW + 10
+            })
         );
         assert_eq!(a, before);
 
         let ext = a.prepare_window_extension(NOW + 11, 3000).unwrap();
-        assert_eq!(ext, WindowExtension { requested_ms: NOW + 3011, epoch: 7 });
-        a.commit_window_extension(ext.requested_ms, ext.epoch).unwrap();
+        assert_eq!(
+            ext,
+            WindowExtension {
+                requested_ms: NOW + 3011,
+                epoch: 7
+            }
+        );
+        a.commit_window_extension(ext.requested_ms, ext.epoch)
+            .unwrap();
         assert_eq!(a.high_water_ms(), NOW + 3011);
         assert!(a.would_grant(NOW + 11, 1));
         assert_eq!(a.try_grant(NOW + 11, 1), Ok(pack(NOW + 11, 0).unwrap()));
@@ -304,9 +326,14 @@ mod tests {
     #[test]
     fn prepare_uses_high_water_when_clock_is_behind() {
         let a = leader(NOW, NOW + 10);
-        assert_eq!(a.prepare_window_extension(NOW, 100).unwrap().requested_ms, NOW + 111);
         assert_eq!(
-            a.prepare_window_extension(u64::MAX, 100).unwrap().requested_ms,
+            a.prepare_window_extension(NOW, 100).unwrap().requested_ms,
+            NOW + 111
+        );
+        assert_eq!(
+            a.prepare_window_extension(u64::MAX, 100)
+                .unwrap()
+                .requested_ms,
             MAX_PHYSICAL_MS
         );
     }
@@ -318,7 +345,10 @@ mod tests {
         assert_eq!(a.high_water_ms(), NOW + 100);
         assert_eq!(
             a.commit_window_extension(NOW + 500, 6),
-            Err(CoreError::EpochMismatch { current: Some(7), got: 6 })
+            Err(CoreError::EpochMismatch {
+                current: Some(7),
+                got: 6
+            })
         );
         assert_eq!(a.high_water_ms(), NOW + 100);
     }
@@ -329,7 +359,10 @@ mod tests {
         a.try_grant(NOW, 5).unwrap();
         assert_eq!(
             a.become_leader(NOW + 2, NOW + 1, 8),
-            Err(CoreError::InvalidSeed { floor_ms: NOW + 2, high_water_ms: NOW + 1 })
+            Err(CoreError::InvalidSeed {
+                floor_ms: NOW + 2,
+                high_water_ms: NOW + 1
+            })
         );
         assert_eq!(
             a.become_leader(MAX_PHYSICAL_MS + 1, u64::MAX, 8),
@@ -368,7 +401,10 @@ mod tests {
         );
         assert_eq!(
             a.try_grant(u64::MAX, 1),
-            Err(CoreError::WindowExhausted { needed_ms: u64::MAX, high_water_ms: MAX_PHYSICAL_MS })
+            Err(CoreError::WindowExhausted {
+                needed_ms: u64::MAX,
+                high_water_ms: MAX_PHYSICAL_MS
+            })
         );
     }
 

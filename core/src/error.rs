@@ -24,6 +24,8 @@ pub enum CoreError {
     InvalidSeqKey { got: usize, max: usize },
     #[error("sequence would overflow bigint: base {base} + total {total}")]
     SeqOverflow { base: i64, total: u64 },
+    #[error("too many sequence keys: at most {max} distinct keys")]
+    TooManySeqKeys { max: u64 },
 
     // Leases.
     #[error("lease holder must be 1 to {max} bytes, got {got}")]

@@ -1,1 +1,382 @@
-//! Phase 3.
+//! Serving leases (seeds: "Serving leases"). Every live lease holds the safe frontier at
+//! or below its `ts_upper_bound_ms` (a committed high-water) until it expires or is released.
+//!
+//! The table is pure and lives in the worker's memory (not in shared memory, so it may use
+//! the heap). Each mutation is split so the worker can decide (`plan_*`, no change),
+//! persist the result in the database, then apply it (`apply_*`). To group-commit several
+//! requests, run them on a clone of the table and swap the clone in after the commit.
+
+use std::collections::BTreeMap;
+
+use crate::error::CoreError;
+
+pub const MAX_HOLDER_BYTES: usize = 128;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Lease {
+    pub id: i64,
+    pub holder: String,
+    pub holder_epoch: i64,
+    pub ts_upper_bound_ms: u64,
+    pub expires_at_ms: u64,
+    pub superseded: bool,
+}
+
+impl Lease {
+    /// A lease is live while `now_ms < expires_at_ms`; only live leases hold the frontier.
+    pub fn is_live(&self, now_ms: u64) -> bool {
+        now_ms < self.expires_at_ms
+    }
+
+    /// The holder's current lease: live and not superseded by a higher holder epoch.
+    pub fn is_active(&self, now_ms: u64) -> bool {
+        self.is_live(now_ms) && !self.superseded
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AcquireOutcome {
+    /// Same holder, same holder epoch, still active: idempotent, nothing to write.
+    Existing(Lease),
+    /// Insert `lease`; if `superseded` is set, mark that lease superseded in the same
+    /// transaction.
+    New {
+        lease: Lease,
+        superseded: Option<i64>,
+    },
+}
+
+/// A holder name is 1 to 128 bytes.
+pub fn validate_holder(holder: &str) -> Result<(), CoreError> {
+    if holder.is_empty() || holder.len() > MAX_HOLDER_BYTES {
+        return Err(CoreError::InvalidHolder {
+            got: holder.len(),
+            max: MAX_HOLDER_BYTES,
+        });
+    }
+    Ok(())
+}
+
+/// A TTL must be in `min..=max` (and positive: a lease must be born live).
+pub fn validate_ttl(ttl_ms: i64, min: i64, max: i64) -> Result<u64, CoreError> {
+    match u64::try_from(ttl_ms) {
+        Ok(ttl) if ttl_ms >= min && ttl_ms <= max && ttl > 0 => Ok(ttl),
+        _ => Err(CoreError::InvalidTtl {
+            got: ttl_ms,
+            min,
+            max,
+        }),
+    }
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LeaseTable {
+    leases: BTreeMap<i64, Lease>,
+}
+
+impl LeaseTable {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Seed from the durable rows at the fence, dropping those already expired.
+    pub fn load(rows: impl IntoIterator<Item = Lease>, now_ms: u64) -> Result<Self, CoreError> {
+        let mut table = Self::new();
+        for lease in rows.into_iter().filter(|l| l.is_live(now_ms)) {
+            if table.leases.contains_key(&lease.id) {
+                return Err(CoreError::DuplicateLeaseId(lease.id));
+            }
+            table.leases.insert(lease.id, lease);
+        }
+        Ok(table)
+    }
+
+    pub fn get(&self, id: i64) -> Option<&Lease> {
+        self.leases.get(&id)
+    }
+
+    /// All leases, live or not yet expired away, in id order.
+    pub fn iter(&self) -> impl Iterator<Item = &Lease> {
+        self.leases.values()
+    }
+
+    pub fn len(&self) -> usize {
+        self.leases.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.leases.is_empty()
+    }
+
+    /// The holder's active lease, if any (there is at most one).
+    pub fn active_lease(&self, holder: &str, now_ms: u64) -> Option<&Lease> {
+        self.iter()
+            .find(|l| l.holder == holder && l.is_active(now_ms))
+    }
+
+    /// Decide an acquire without changing the table. `new_bound_ms` is the high-water the
+    /// caller has already committed; `new_id` is used only for a new lease.
+    pub fn plan_acquire(
+        &self,
+        holder: &str,
+        holder_epoch: i64,
+        ttl_ms: u64,
+        now_ms: u64,
+        new_bound_ms: u64,
+        new_id: i64,
+    ) -> Result<AcquireOutcome, CoreError> {
+        validate_holder(holder)?;
+        let active = self.active_lease(holder, now_ms);
+        if let Some(active) = active {
+            if holder_epoch == active.holder_epoch {
+                return Ok(AcquireOutcome::Existing(active.clone()));
+            }
+            if holder_epoch < active.holder_epoch {
+                return Err(CoreError::StaleHolderEpoch {
+                    got: holder_epoch,
+                    active: active.holder_epoch,
+                });
+            }
+        }
+        if self.leases.contains_key(&new_id) {
+            return Err(CoreError::DuplicateLeaseId(new_id));
+        }
+        Ok(AcquireOutcome::New {
+            lease: Lease {
+                id: new_id,
+                holder: holder.to_owned(),
+                holder_epoch,
+                ts_upper_bound_ms: new_bound_ms,
+                expires_at_ms: now_ms.saturating_add(ttl_ms),
+                superseded: false,
+            },
+            superseded: active.map(|l| l.id),
+        })
+    }
+
+    /// Apply a planned (and persisted) acquire.
+    pub fn apply_acquire(&mut self, outcome: &AcquireOutcome) {
+        if let AcquireOutcome::New { lease, superseded } = outcome {
+            if let Some(old) = superseded.and_then(|id| self.leases.get_mut(&id)) {
+                old.superseded = true;
+            }
+            self.leases.insert(lease.id, lease.clone());
+        }
+    }
+
+    pub fn acquire(
+        &mut self,
+        holder: &str,
+        holder_epoch: i64,
+        ttl_ms: u64,
+        now_ms: u64,
+        new_bound_ms: u64,
+        new_id: i64,
+    ) -> Result<AcquireOutcome, CoreError> {
+        let outcome =
+            self.plan_acquire(holder, holder_epoch, ttl_ms, now_ms, new_bound_ms, new_id)?;
+        self.apply_acquire(&outcome);
+        Ok(outcome)
+    }
+
+    /// Decide a renewal without changing the table: the lease as it should be stored.
+    /// The bound never goes down (the high-water it comes from never does either).
+    pub fn plan_renew(
+        &self,
+        id: i64,
+        ttl_ms: u64,
+        now_ms: u64,
+        new_bound_ms: u64,
+    ) -> Result<Lease, CoreError> {
+        let lease = self.leases.get(&id).ok_or(CoreError::LeaseNotFound(id))?;
+        if !lease.is_active(now_ms) {
+            return Err(CoreError::LeaseNotRenewable(id));
+        }
+        Ok(Lease {
+            ts_upper_bound_ms: lease.ts_upper_bound_ms.max(new_bound_ms),
+            expires_at_ms: now_ms.saturating_add(ttl_ms),
+            ..lease.clone()
+        })
+    }
+
+    /// Apply a planned (and persisted) renewal.
+    pub fn apply_renew(&mut self, renewed: &Lease) {
+        self.leases.insert(renewed.id, renewed.clone());
+    }
+
+    pub fn renew(
+        &mut self,
+        id: i64,
+        ttl_ms: u64,
+        now_ms: u64,
+        new_bound_ms: u64,
+    ) -> Result<Lease, CoreError> {
+        let renewed = self.plan_renew(id, ttl_ms, now_ms, new_bound_ms)?;
+        self.apply_renew(&renewed);
+        Ok(renewed)
+    }
+
+    /// Remove a lease (active or superseded); idempotent. Returns what was removed.
+    pub fn release(&mut self, id: i64) -> Option<Lease> {
+        self.leases.remove(&id)
+    }
+
+    /// Drop every expired lease; returns their ids.
+    pub fn expire(&mut self, now_ms: u64) -> Vec<i64> {
+        let expired: Vec<i64> = self
+            .iter()
+            .filter(|l| !l.is_live(now_ms))
+            .map(|l| l.id)
+            .collect();
+        for id in &expired {
+            self.leases.remove(id);
+        }
+        expired
+    }
+
+    /// The safe frontier: the high-water, held down by the bound of every live lease
+    /// (superseded ones too, until they expire).
+    pub fn frontier(&self, high_water_ms: u64, now_ms: u64) -> u64 {
+        self.iter()
+            .filter(|l| l.is_live(now_ms))
+            .map(|l| l.ts_upper_bound_ms)
+            .fold(high_water_ms, u64::min)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn validation() {
+        assert!(validate_holder("indexer-7").is_ok());
+        assert_eq!(
+            validate_holder(""),
+            Err(CoreError::InvalidHolder { got: 0, max: 128 })
+        );
+        assert!(validate_holder(&"é".repeat(64)).is_ok());
+        assert!(validate_holder(&"é".repeat(65)).is_err());
+        assert_eq!(validate_ttl(30_000, 5_000, 300_000), Ok(30_000));
+        assert_eq!(validate_ttl(5_000, 5_000, 300_000), Ok(5_000));
+        for bad in [4_999, 300_001, -1, 0] {
+            assert_eq!(
+                validate_ttl(bad, 5_000, 300_000),
+                Err(CoreError::InvalidTtl {
+                    got: bad,
+                    min: 5_000,
+                    max: 300_000
+                })
+            );
+        }
+        assert!(validate_ttl(0, 0, 10).is_err());
+    }
+
+    #[test]
+    fn acquire_renew_release() {
+        let mut t = LeaseTable::new();
+        let AcquireOutcome::New {
+            lease,
+            superseded: None,
+        } = t.acquire("w", 1, 100, 1_000, 5_000, 1).unwrap()
+        else {
+            panic!("expected a new lease");
+        };
+        assert_eq!(lease.expires_at_ms, 1_100);
+        assert_eq!(t.frontier(9_000, 1_050), 5_000);
+
+        // Idempotent for the same holder epoch.
+        assert_eq!(
+            t.acquire("w", 1, 500, 1_050, 6_000, 2),
+            Ok(AcquireOutcome::Existing(lease.clone()))
+        );
+        assert_eq!(
+            t.acquire("w", 0, 100, 1_050, 6_000, 2),
+            Err(CoreError::StaleHolderEpoch { got: 0, active: 1 })
+        );
+
+        let renewed = t.renew(1, 200, 1_090, 6_000).unwrap();
+        assert_eq!(
+            (renewed.expires_at_ms, renewed.ts_upper_bound_ms),
+            (1_290, 6_000)
+        );
+        // A lower bound never lowers the stored one.
+        assert_eq!(t.renew(1, 200, 1_100, 10).unwrap().ts_upper_bound_ms, 6_000);
+        assert_eq!(t.renew(9, 200, 1_100, 10), Err(CoreError::LeaseNotFound(9)));
+        assert_eq!(
+            t.renew(1, 200, 1_300, 10),
+            Err(CoreError::LeaseNotRenewable(1))
+        );
+
+        assert!(t.release(1).is_some());
+        assert!(t.release(1).is_none());
+        assert_eq!(t.frontier(9_000, 1_100), 9_000);
+    }
+
+    #[test]
+    fn higher_epoch_supersedes() {
+        let mut t = LeaseTable::new();
+        t.acquire("w", 1, 100, 0, 50, 1).unwrap();
+        let out = t.acquire("w", 2, 10, 0, 70, 2).unwrap();
+        assert!(matches!(
+            out,
+            AcquireOutcome::New {
+                superseded: Some(1),
+                ..
+            }
+        ));
+        assert!(t.get(1).is_some_and(|l| l.superseded));
+        assert_eq!(t.renew(1, 100, 5, 80), Err(CoreError::LeaseNotRenewable(1)));
+        // The superseded lease still holds the frontier until it expires...
+        assert_eq!(t.frontier(1_000, 5), 50);
+        assert_eq!(t.frontier(1_000, 10), 50);
+        // ...and outlives the new one here.
+        assert_eq!(t.expire(10), vec![2]);
+        assert_eq!(t.expire(100), vec![1]);
+        assert!(t.is_empty());
+    }
+
+    #[test]
+    fn expired_active_lease_allows_any_epoch() {
+        let mut t = LeaseTable::new();
+        t.acquire("w", 5, 10, 0, 1, 1).unwrap();
+        let out = t.acquire("w", 3, 10, 10, 2, 2).unwrap();
+        assert!(matches!(
+            out,
+            AcquireOutcome::New {
+                superseded: None,
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn duplicate_ids_and_plan_has_no_effect() {
+        let mut t = LeaseTable::new();
+        t.acquire("a", 1, 10, 0, 1, 1).unwrap();
+        let before = t.clone();
+        assert_eq!(
+            t.plan_acquire("b", 1, 10, 0, 1, 1),
+            Err(CoreError::DuplicateLeaseId(1))
+        );
+        let plan = t.plan_acquire("b", 1, 10, 0, 1, 2).unwrap();
+        assert_eq!(t, before);
+        t.apply_acquire(&plan);
+        assert_eq!(t.len(), 2);
+    }
+
+    #[test]
+    fn load_drops_expired() {
+        let mut t = LeaseTable::new();
+        t.acquire("a", 1, 10, 0, 1, 1).unwrap();
+        t.acquire("b", 1, 20, 0, 1, 2).unwrap();
+        let rows: Vec<Lease> = t.iter().cloned().collect();
+        let loaded = LeaseTable::load(rows.clone(), 10).unwrap();
+        assert_eq!(loaded.iter().map(|l| l.id).collect::<Vec<_>>(), vec![2]);
+        let twice = rows.iter().chain(&rows).cloned();
+        assert_eq!(
+            LeaseTable::load(twice, 0),
+            Err(CoreError::DuplicateLeaseId(1))
+        );
+    }
+}

@@ -31,44 +31,101 @@ pub fn validate_count(count: i64, max_count: u64) -> Result<u64, CoreError> {
     }
 }
 
-/// The start of each request's block, in order, tiling `[base, base + sum(counts))`
-/// exactly. `base` is the counter's value before the group's single advance. Fails with
-/// `SeqOverflow` if the end does not fit in a bigint.
-pub fn split_group(base: i64, counts: &[u64]) -> Result<Vec<i64>, CoreError> {
-    let overflow = || CoreError::SeqOverflow {
-        base,
-        total: counts.iter().fold(0u64, |sum, &c| sum.saturating_add(c)),
-    };
-    let mut next = base;
-    counts
-        .iter()
-        .map(|&count| {
-            let start = next;
-            next = i64::try_from(count)
-                .ok()
-                .and_then(|c| next.checked_add(c))
-                .ok_or_else(overflow)?;
-            Ok(start)
-        })
-        .collect()
+/// One pending request of a group commit. Requests that share `batch` come from one
+/// `tso_seq_batch()` call and succeed or fail together.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SeqRequest<'a> {
+    pub batch: u64,
+    pub key: &'a str,
+    pub count: u64,
 }
 
-/// Groups pending `(key, count)` requests by key, keys in order of first appearance, each
-/// with its total (saturating; `split_group` then reports the overflow) and the indices of
-/// its requests in queue order.
-pub fn group_by_key<'a>(reqs: &[(&'a str, u64)]) -> Vec<(&'a str, u64, Vec<usize>)> {
-    let mut groups: Vec<(&'a str, u64, Vec<usize>)> = Vec::new();
-    let mut slot: HashMap<&'a str, usize> = HashMap::new();
-    for (i, &(key, count)) in reqs.iter().enumerate() {
-        let g = *slot.entry(key).or_insert_with(|| {
-            groups.push((key, 0, Vec::new()));
-            groups.len() - 1
-        });
-        let group = &mut groups[g];
-        group.1 = group.1.saturating_add(count);
-        group.2.push(i);
+/// What one group commit does: each request's start (or why it failed), and the counter
+/// value to store for every key that moved, in order of first appearance.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SeqPlan {
+    pub results: Vec<Result<i64, CoreError>>,
+    pub updates: Vec<(String, i64)>,
+}
+
+/// Plan a group commit. `current` is each existing key's next value (a key not in it is new
+/// and starts at 0); `existing_keys` is how many keys the table holds and `max_keys` the cap.
+/// Batches are taken in queue order; each request gets the block `[start, start + count)`
+/// that follows the previous one of its key, so the blocks of a key tile with no gap and no
+/// overlap. A batch with an entry that would overflow bigint or exceed the key cap fails
+/// whole and moves nothing.
+pub fn plan_group(
+    requests: &[SeqRequest<'_>],
+    current: &HashMap<&str, i64>,
+    existing_keys: u64,
+    max_keys: u64,
+) -> SeqPlan {
+    let mut results: Vec<Option<Result<i64, CoreError>>> = vec![None; requests.len()];
+    let mut next: HashMap<&str, i64> = HashMap::new();
+    let mut order: Vec<&str> = Vec::new();
+    let mut keys = existing_keys;
+
+    for (i, req) in requests.iter().enumerate() {
+        if results[i].is_some() {
+            continue; // already planned with its batch
+        }
+        let members: Vec<usize> = (i..requests.len())
+            .filter(|&j| requests[j].batch == req.batch)
+            .collect();
+        // Tentative state for this batch; committed only if every member fits.
+        let mut staged: HashMap<&str, i64> = HashMap::new();
+        let mut new_keys = 0u64;
+        let mut starts = Vec::with_capacity(members.len());
+        let mut failure = None;
+        for &j in &members {
+            let r = &requests[j];
+            let base = match staged.get(r.key).or_else(|| next.get(r.key)).or_else(|| current.get(r.key)) {
+                Some(&v) => v,
+                None => {
+                    new_keys += 1;
+                    if keys + new_keys > max_keys {
+                        failure = Some(CoreError::TooManySeqKeys { max: max_keys });
+                        break;
+                    }
+                    0
+                }
+            };
+            match i64::try_from(r.count).ok().and_then(|c| base.checked_add(c)) {
+                Some(end) => {
+                    staged.insert(r.key, end);
+                    starts.push(base);
+                }
+                None => {
+                    failure = Some(CoreError::SeqOverflow { base, total: r.count });
+                    break;
+                }
+            }
+        }
+        match failure {
+            Some(e) => {
+                for &j in &members {
+                    results[j] = Some(Err(e.clone()));
+                }
+            }
+            None => {
+                keys += new_keys;
+                for (&j, start) in members.iter().zip(starts) {
+                    results[j] = Some(Ok(start));
+                }
+                for (key, end) in staged {
+                    if next.insert(key, end).is_none() {
+                        order.push(key);
+                    }
+                }
+            }
+        }
     }
-    groups
+    // Keys were pushed in batch order; keep first appearance stable for readable SQL.
+    order.sort_by_key(|k| requests.iter().position(|r| r.key == *k));
+    SeqPlan {
+        results: results.into_iter().map(|r| r.unwrap_or(Err(CoreError::NotLeader))).collect(),
+        updates: order.into_iter().map(|k| (k.to_string(), next[k])).collect(),
+    }
 }
 
 #[cfg(test)]
@@ -78,7 +135,10 @@ mod tests {
     #[test]
     fn keys() {
         assert!(validate_key("orders").is_ok());
-        assert_eq!(validate_key(""), Err(CoreError::InvalidSeqKey { got: 0, max: 128 }));
+        assert_eq!(
+            validate_key(""),
+            Err(CoreError::InvalidSeqKey { got: 0, max: 128 })
+        );
         assert!(validate_key(&"a".repeat(128)).is_ok());
         assert_eq!(
             validate_key(&"a".repeat(129)),
@@ -98,30 +158,53 @@ mod tests {
         for bad in [0, -1, 65537, i64::MIN] {
             assert_eq!(
                 validate_count(bad, 65536),
-                Err(CoreError::InvalidCount { got: bad, max: 65536 })
+                Err(CoreError::InvalidCount {
+                    got: bad,
+                    max: 65536
+                })
             );
         }
     }
 
     #[test]
-    fn split() {
-        assert_eq!(split_group(10, &[1, 5, 2]), Ok(vec![10, 11, 16]));
-        assert_eq!(split_group(10, &[]), Ok(vec![]));
-        assert_eq!(split_group(i64::MAX - 3, &[1, 2]), Ok(vec![i64::MAX - 3, i64::MAX - 2]));
-        assert_eq!(
-            split_group(i64::MAX - 3, &[1, 3]),
-            Err(CoreError::SeqOverflow { base: i64::MAX - 3, total: 4 })
-        );
-        assert!(split_group(0, &[u64::MAX]).is_err());
+    fn plan_tiles_keys_in_queue_order() {
+        let reqs = [
+            SeqRequest { batch: 1, key: "a", count: 1 },
+            SeqRequest { batch: 2, key: "b", count: 2 },
+            SeqRequest { batch: 3, key: "a", count: 3 },
+        ];
+        let current = HashMap::from([("a", 10)]);
+        let plan = plan_group(&reqs, &current, 1, 100);
+        assert_eq!(plan.results, vec![Ok(10), Ok(0), Ok(11)]);
+        assert_eq!(plan.updates, vec![("a".to_string(), 14), ("b".to_string(), 2)]);
     }
 
     #[test]
-    fn grouping() {
-        let reqs = [("a", 1), ("b", 2), ("a", 3), ("c", 4), ("b", 5)];
-        assert_eq!(
-            group_by_key(&reqs),
-            vec![("a", 4, vec![0, 2]), ("b", 7, vec![1, 4]), ("c", 4, vec![3])]
-        );
-        assert!(group_by_key(&[]).is_empty());
+    fn a_failing_batch_moves_nothing() {
+        let reqs = [
+            SeqRequest { batch: 7, key: "a", count: 5 },
+            SeqRequest { batch: 7, key: "b", count: 1 },
+            SeqRequest { batch: 8, key: "a", count: 1 },
+        ];
+        let current = HashMap::from([("b", i64::MAX)]);
+        let plan = plan_group(&reqs, &current, 1, 100);
+        assert!(matches!(plan.results[0], Err(CoreError::SeqOverflow { .. })));
+        assert!(matches!(plan.results[1], Err(CoreError::SeqOverflow { .. })));
+        assert_eq!(plan.results[2], Ok(0));
+        assert_eq!(plan.updates, vec![("a".to_string(), 1)]);
+    }
+
+    #[test]
+    fn the_key_cap_counts_new_keys_only() {
+        let reqs = [
+            SeqRequest { batch: 1, key: "old", count: 1 },
+            SeqRequest { batch: 2, key: "new1", count: 1 },
+            SeqRequest { batch: 3, key: "new2", count: 1 },
+        ];
+        let current = HashMap::from([("old", 3)]);
+        let plan = plan_group(&reqs, &current, 2, 3);
+        assert_eq!(plan.results[0], Ok(3));
+        assert_eq!(plan.results[1], Ok(0));
+        assert_eq!(plan.results[2], Err(CoreError::TooManySeqKeys { max: 3 }));
     }
 }

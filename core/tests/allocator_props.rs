@@ -10,9 +10,7 @@ use proptest::prelude::*;
 use proptest::sample::Index;
 use tsoracle_core::allocator::{Allocator, MAX_BATCH};
 use tsoracle_core::error::CoreError;
-use tsoracle_core::timestamp::{
-    logical, pack, physical_ms, LOGICAL_PER_MS, MAX_SQL_PHYSICAL_MS,
-};
+use tsoracle_core::timestamp::{logical, pack, physical_ms, LOGICAL_PER_MS, MAX_SQL_PHYSICAL_MS};
 
 const T0: u64 = 1_700_000_000_000;
 // Windows of a few milliseconds, so that random sequences keep hitting their edges.
@@ -22,15 +20,24 @@ const WINDOW_AHEAD_MS: u64 = 6;
 enum Op {
     Grant(u32),
     /// prepare → persist → commit, back to back.
-    Extend { ahead_ms: u64 },
+    Extend {
+        ahead_ms: u64,
+    },
     /// prepare → persist; the commit comes later (or never).
-    ExtendInFlight { ahead_ms: u64 },
+    ExtendInFlight {
+        ahead_ms: u64,
+    },
     /// Commit one of the in-flight results, in any order.
     CommitInFlight(Index),
     /// A commit for an epoch nobody holds, with a value that was never persisted.
-    CommitForeignEpoch { extra_ms: u64 },
+    CommitForeignEpoch {
+        extra_ms: u64,
+    },
     /// The worker's fence; same_epoch models a worker restart on the same timeline.
-    Fence { same_epoch: bool, advance_ms: u64 },
+    Fence {
+        same_epoch: bool,
+        advance_ms: u64,
+    },
     StepDown,
     ClockForward(u64),
     ClockBack(u64),
@@ -119,7 +126,10 @@ impl Model {
         }
         let phys = physical_ms(first);
         if phys > hw {
-            Err(CoreError::WindowExhausted { needed_ms: phys, high_water_ms: hw })
+            Err(CoreError::WindowExhausted {
+                needed_ms: phys,
+                high_water_ms: hw,
+            })
         } else if phys > MAX_SQL_PHYSICAL_MS {
             Err(CoreError::PhysicalOutOfRange(phys))
         } else {
@@ -155,14 +165,22 @@ impl Model {
             Op::CommitForeignEpoch { extra_ms } => {
                 let before = self.alloc;
                 let foreign = self.epoch + 1_000_000;
-                let r = self.alloc.commit_window_extension(self.durable_ms + 1 + extra_ms, foreign);
+                let r = self
+                    .alloc
+                    .commit_window_extension(self.durable_ms + 1 + extra_ms, foreign);
                 prop_assert_eq!(
                     r,
-                    Err(CoreError::EpochMismatch { current: self.alloc.epoch(), got: foreign })
+                    Err(CoreError::EpochMismatch {
+                        current: self.alloc.epoch(),
+                        got: foreign
+                    })
                 );
                 prop_assert_eq!(self.alloc, before);
             }
-            Op::Fence { same_epoch, advance_ms } => {
+            Op::Fence {
+                same_epoch,
+                advance_ms,
+            } => {
                 // As the worker does: stop serving, load H, floor, persist, seed.
                 self.alloc.step_down();
                 if !same_epoch {
@@ -170,7 +188,9 @@ impl Model {
                 }
                 let floor = (self.durable_ms + 1).max(self.now);
                 let actual = self.persist(floor + advance_ms);
-                self.alloc.become_leader(floor, actual, self.epoch).map_err(fail)?;
+                self.alloc
+                    .become_leader(floor, actual, self.epoch)
+                    .map_err(fail)?;
                 self.hw_ms = Some(actual);
                 self.floor_ms = floor;
                 self.last_in_epoch = None;
@@ -193,7 +213,10 @@ impl Model {
         let got = self.alloc.try_grant(self.now, count);
         prop_assert_eq!(predicted, got.is_ok());
         if !(1..=MAX_BATCH).contains(&count) {
-            let want = CoreError::InvalidCount { got: i64::from(count), max: 262_144 };
+            let want = CoreError::InvalidCount {
+                got: i64::from(count),
+                max: 262_144,
+            };
             prop_assert_eq!(got, Err(want));
             prop_assert_eq!(self.alloc, before);
             return Ok(());
@@ -239,7 +262,10 @@ impl Model {
                 self.hw_ms = Some(hw.max(actual));
             }
             _ => {
-                let want = CoreError::EpochMismatch { current: before.epoch(), got: epoch };
+                let want = CoreError::EpochMismatch {
+                    current: before.epoch(),
+                    got: epoch,
+                };
                 prop_assert_eq!(r, Err(want));
                 prop_assert_eq!(self.alloc, before);
             }
@@ -251,7 +277,10 @@ impl Model {
         prop_assert_eq!(self.alloc.is_serving(), self.hw_ms.is_some());
         if let Some(hw) = self.hw_ms {
             prop_assert_eq!(self.alloc.high_water_ms(), hw);
-            prop_assert!(hw <= self.durable_ms, "serving above the durable high-water");
+            prop_assert!(
+                hw <= self.durable_ms,
+                "serving above the durable high-water"
+            );
             prop_assert_eq!(self.alloc.epoch(), Some(self.epoch));
             prop_assert!(self.alloc.floor_ms() <= hw);
             prop_assert_eq!(self.alloc.last_issued(), self.last_in_epoch);

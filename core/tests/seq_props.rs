@@ -2,14 +2,31 @@
 
 use proptest::prelude::*;
 use tsoracle_core::error::CoreError;
-use tsoracle_core::seq::{
-    group_by_key, split_group, validate_count, validate_key, MAX_SEQ_KEY_BYTES,
-};
+use std::collections::HashMap;
+use tsoracle_core::seq::{plan_group, validate_count, validate_key, SeqRequest, MAX_SEQ_KEY_BYTES};
 
 /// Keys of 1- to 4-byte characters, around the 128-byte limit.
 fn key() -> impl Strategy<Value = String> {
     prop::collection::vec(prop::sample::select(vec!['a', 'é', '€', '😀']), 0..70)
         .prop_map(|cs| cs.into_iter().collect())
+}
+
+/// Keys whose byte length lands within a few bytes of the limit, on either side.
+fn boundary_key() -> impl Strategy<Value = String> {
+    (
+        prop::collection::vec(prop::sample::select(vec!['a', 'é', '€', '😀']), 140),
+        121..=135usize,
+    )
+        .prop_map(|(cs, target)| {
+            let mut k = String::new();
+            for c in cs {
+                if k.len() + c.len_utf8() > target {
+                    break;
+                }
+                k.push(c);
+            }
+            k
+        })
 }
 
 proptest! {
@@ -22,6 +39,12 @@ proptest! {
     }
 
     #[test]
+    fn key_validation_at_the_boundary(k in boundary_key()) {
+        prop_assert!(k.len() >= 118);
+        prop_assert_eq!(validate_key(&k).is_ok(), k.len() <= MAX_SEQ_KEY_BYTES);
+    }
+
+    #[test]
     fn count_validation(count in any::<i64>(), max in 1..=1_000_000u64) {
         let got = validate_count(count, max);
         if count >= 1 && count as u64 <= max {
@@ -31,67 +54,80 @@ proptest! {
         }
     }
 
-    /// The blocks are contiguous, in request order, and cover [base, base + sum) exactly.
+    /// A group commit tiles every key: successful requests of a key get consecutive blocks
+    /// starting at the key's current value, in queue order; a failed batch moves nothing;
+    /// the stored values are exactly where each key's blocks end; the key cap holds.
     #[test]
-    fn split_tiles_exactly(base in any::<i64>(), counts in prop::collection::vec(1..=70_000u64, 0..40)) {
-        let sum: u64 = counts.iter().sum();
-        let end = i128::from(base) + i128::from(sum);
-        match split_group(base, &counts) {
-            Ok(starts) => {
-                prop_assert!(end <= i128::from(i64::MAX));
-                prop_assert_eq!(starts.len(), counts.len());
-                let mut next = i128::from(base);
-                for (&start, &count) in starts.iter().zip(&counts) {
-                    prop_assert_eq!(i128::from(start), next);
-                    next += i128::from(count);
-                }
-                prop_assert_eq!(next, end);
-            }
-            Err(e) => {
-                prop_assert!(end > i128::from(i64::MAX));
-                prop_assert_eq!(e, CoreError::SeqOverflow { base, total: sum });
-            }
-        }
-    }
-
-    /// Near the top of bigint, overflow is detected exactly at the boundary.
-    #[test]
-    fn split_detects_overflow(slack in 0..200u64, counts in prop::collection::vec(1..=50u64, 1..10)) {
-        let base = i64::MAX - slack as i64;
-        let sum: u64 = counts.iter().sum();
-        prop_assert_eq!(split_group(base, &counts).is_ok(), sum <= slack);
-    }
-
-    /// Grouping then splitting gives every request a disjoint block of its key's counter,
-    /// in queue order, and each key's blocks tile its advance exactly.
-    #[test]
-    fn group_then_split(
-        reqs in prop::collection::vec((prop::sample::select(vec!["a", "b", "c", "d"]), 1..=100u64), 0..40),
-        bases in prop::collection::vec(-1_000i64..1_000, 4),
+    fn plan_group_matches_a_sequential_model(
+        reqs in prop::collection::vec(
+            (0..12u64, prop::sample::select(vec!["a", "b", "c", "d", "e"]), 1..=100u64), 0..40),
+        near_top in prop::collection::vec(any::<bool>(), 5),
+        present in prop::collection::vec(any::<bool>(), 5),
+        max_keys in 1..8u64,
     ) {
-        let groups = group_by_key(&reqs);
-        // Keys distinct, in order of first appearance; every request in exactly one group.
-        let mut firsts: Vec<usize> = groups.iter().map(|g| g.2[0]).collect();
-        let sorted = { let mut f = firsts.clone(); f.sort_unstable(); f };
-        prop_assert_eq!(&firsts, &sorted);
-        firsts.dedup();
-        prop_assert_eq!(firsts.len(), groups.len());
-        let mut seen = vec![false; reqs.len()];
-        for (g, (key, total, idx)) in groups.iter().enumerate() {
-            prop_assert!(idx.windows(2).all(|w| w[0] < w[1]));
-            prop_assert_eq!(*total, idx.iter().map(|&i| reqs[i].1).sum::<u64>());
-            let counts: Vec<u64> = idx.iter().map(|&i| reqs[i].1).collect();
-            let starts = split_group(bases[g], &counts).unwrap();
-            let mut next = bases[g];
-            for (&i, &start) in idx.iter().zip(&starts) {
-                prop_assert_eq!(reqs[i].0, *key);
-                prop_assert!(!seen[i]);
-                seen[i] = true;
-                prop_assert_eq!(start, next);
-                next += reqs[i].1 as i64;
+        let names = ["a", "b", "c", "d", "e"];
+        // Batch ids are grouped in first-appearance order, as the extension's queue gives them.
+        let requests: Vec<SeqRequest> =
+            reqs.iter().map(|&(batch, key, count)| SeqRequest { batch, key, count }).collect();
+        let current: HashMap<&str, i64> = names.iter().enumerate()
+            .filter(|(i, _)| present[*i])
+            .map(|(i, &k)| (k, if near_top[i] { i64::MAX - 150 } else { 1_000 * i as i64 }))
+            .collect();
+        let existing = current.len() as u64;
+        let plan = plan_group(&requests, &current, existing, max_keys.max(existing));
+        let cap = max_keys.max(existing);
+        prop_assert_eq!(plan.results.len(), requests.len());
+
+        // The model: apply whole batches one by one, in order of first appearance.
+        let mut model: HashMap<&str, i64> = current.clone();
+        let mut batches: Vec<u64> = Vec::new();
+        for r in &requests { if !batches.contains(&r.batch) { batches.push(r.batch); } }
+        for b in batches {
+            let members: Vec<usize> = (0..requests.len()).filter(|&j| requests[j].batch == b).collect();
+            let mut staged = model.clone();
+            let mut ok = true;
+            let mut starts = Vec::new();
+            for &j in &members {
+                let r = &requests[j];
+                let base = match staged.get(r.key) {
+                    Some(&v) => v,
+                    None if (staged.len() as u64) < cap => 0,
+                    None => { ok = false; break; }
+                };
+                match base.checked_add(r.count as i64) {
+                    Some(end) => { staged.insert(r.key, end); starts.push(base); }
+                    None => { ok = false; break; }
+                }
             }
-            prop_assert_eq!(next, bases[g] + *total as i64);
+            if ok {
+                model = staged;
+                for (&j, start) in members.iter().zip(starts) {
+                    prop_assert_eq!(&plan.results[j], &Ok(start));
+                }
+            } else {
+                for &j in &members {
+                    prop_assert!(plan.results[j].is_err(), "request {} should fail with its batch", j);
+                }
+            }
         }
-        prop_assert!(seen.into_iter().all(|s| s));
+        // Stored values: exactly the keys that moved, at the model's values.
+        let moved: HashMap<&str, i64> = model.iter()
+            .filter(|(k, v)| current.get(*k) != Some(*v))
+            .map(|(k, v)| (*k, *v)).collect();
+        prop_assert_eq!(plan.updates.len(), moved.len());
+        for (k, v) in &plan.updates {
+            prop_assert_eq!(moved.get(k.as_str()), Some(v));
+        }
+        prop_assert!(model.len() as u64 <= cap);
+        // Blocks of one key never overlap.
+        for k in names {
+            let mut blocks: Vec<(i64, u64)> = plan.results.iter().zip(&requests)
+                .filter(|(r, q)| r.is_ok() && q.key == k)
+                .map(|(r, q)| (*r.as_ref().unwrap(), q.count)).collect();
+            blocks.sort();
+            for w in blocks.windows(2) {
+                prop_assert!(w[0].0 + w[0].1 as i64 <= w[1].0);
+            }
+        }
     }
 }

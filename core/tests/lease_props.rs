@@ -1,0 +1,288 @@
+//! Property tests of the lease table against a plain model (a Vec of records with the
+//! rules written out directly) over random operation sequences.
+
+use proptest::prelude::*;
+use proptest::sample::Index;
+use tsoracle_core::error::CoreError;
+use tsoracle_core::lease::{AcquireOutcome, Lease, LeaseTable};
+
+const HOLDERS: [&str; 3] = ["a", "b", "c"];
+
+#[derive(Clone, Debug)]
+enum Op {
+    /// `plan_then_apply` takes the decide → persist → apply path instead of `acquire`.
+    Acquire {
+        holder: usize,
+        epoch: i64,
+        ttl: u64,
+        plan_then_apply: bool,
+        reuse_id: Option<Index>,
+    },
+    /// `stale_ms` offers a bound below the current high-water (a reordered caller).
+    Renew {
+        pick: Index,
+        unknown: bool,
+        ttl: u64,
+        plan_then_apply: bool,
+        stale_ms: u64,
+    },
+    Release {
+        pick: Index,
+        unknown: bool,
+    },
+    Expire,
+    Clock(u64),
+    /// The committed high-water moves on (lease bounds come from it).
+    HighWater(u64),
+    /// The fence: reload from the persisted rows.
+    Reload,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        6 => (0..HOLDERS.len(), 0..4i64, 1..40u64, any::<bool>(), prop::option::weighted(0.1, any::<Index>()))
+            .prop_map(|(holder, epoch, ttl, plan_then_apply, reuse_id)| Op::Acquire { holder, epoch, ttl, plan_then_apply, reuse_id }),
+        4 => (any::<Index>(), prop::bool::weighted(0.1), 1..40u64, any::<bool>(), prop_oneof![3 => Just(0u64), 1 => 0..30u64])
+            .prop_map(|(pick, unknown, ttl, plan_then_apply, stale_ms)| Op::Renew { pick, unknown, ttl, plan_then_apply, stale_ms }),
+        2 => (any::<Index>(), prop::bool::weighted(0.2)).prop_map(|(pick, unknown)| Op::Release { pick, unknown }),
+        1 => Just(Op::Expire),
+        4 => (0..15u64).prop_map(Op::Clock),
+        3 => (0..20u64).prop_map(Op::HighWater),
+        1 => Just(Op::Reload),
+    ]
+}
+
+struct Model {
+    table: LeaseTable,
+    records: Vec<Lease>,
+    now: u64,
+    high_water: u64,
+    next_id: i64,
+    /// Every id ever handed out, to prove ids are never reused.
+    ids_ever: Vec<i64>,
+}
+
+impl Model {
+    fn pick_id(&self, pick: Index, unknown: bool) -> i64 {
+        if unknown || self.ids_ever.is_empty() {
+            -1
+        } else {
+            self.ids_ever[pick.index(self.ids_ever.len())]
+        }
+    }
+
+    fn model_acquire(
+        &self,
+        holder: &str,
+        epoch: i64,
+        ttl: u64,
+        id: i64,
+    ) -> Result<AcquireOutcome, CoreError> {
+        let active = self
+            .records
+            .iter()
+            .find(|r| r.holder == holder && !r.superseded && self.now < r.expires_at_ms);
+        match active {
+            Some(a) if a.holder_epoch == epoch => return Ok(AcquireOutcome::Existing(a.clone())),
+            Some(a) if a.holder_epoch > epoch => {
+                return Err(CoreError::StaleHolderEpoch {
+                    got: epoch,
+                    active: a.holder_epoch,
+                })
+            }
+            _ => {}
+        }
+        if self.records.iter().any(|r| r.id == id) {
+            return Err(CoreError::DuplicateLeaseId(id));
+        }
+        Ok(AcquireOutcome::New {
+            lease: Lease {
+                id,
+                holder: holder.to_string(),
+                holder_epoch: epoch,
+                ts_upper_bound_ms: self.high_water,
+                expires_at_ms: self.now + ttl,
+                superseded: false,
+            },
+            superseded: active.map(|a| a.id),
+        })
+    }
+
+    fn step(&mut self, op: &Op) -> Result<(), TestCaseError> {
+        let ids_before: Vec<i64> = self.table.iter().map(|l| l.id).collect();
+        let mut removed: Vec<i64> = Vec::new();
+        match *op {
+            Op::Acquire {
+                holder,
+                epoch,
+                ttl,
+                plan_then_apply,
+                reuse_id,
+            } => {
+                let holder = HOLDERS[holder];
+                let id = match reuse_id {
+                    Some(pick) if !self.records.is_empty() => {
+                        self.records[pick.index(self.records.len())].id
+                    }
+                    _ => self.next_id,
+                };
+                let want = self.model_acquire(holder, epoch, ttl, id);
+                let got = if plan_then_apply {
+                    let before = self.table.clone();
+                    let plan =
+                        self.table
+                            .plan_acquire(holder, epoch, ttl, self.now, self.high_water, id);
+                    prop_assert_eq!(&self.table, &before, "plan must not change the table");
+                    plan.inspect(|p| self.table.apply_acquire(p))
+                } else {
+                    self.table
+                        .acquire(holder, epoch, ttl, self.now, self.high_water, id)
+                };
+                prop_assert_eq!(&got, &want);
+                if let Ok(AcquireOutcome::New { lease, superseded }) = want {
+                    if let Some(old) = superseded {
+                        if let Some(r) = self.records.iter_mut().find(|r| r.id == old) {
+                            r.superseded = true;
+                        }
+                    }
+                    prop_assert!(!self.ids_ever.contains(&lease.id), "id {} reused", lease.id);
+                    self.ids_ever.push(lease.id);
+                    self.records.push(lease);
+                    self.next_id += 1;
+                }
+            }
+            Op::Renew {
+                pick,
+                unknown,
+                ttl,
+                plan_then_apply,
+                stale_ms,
+            } => {
+                let id = self.pick_id(pick, unknown);
+                let bound = self.high_water - stale_ms;
+                let want = match self.records.iter().find(|r| r.id == id) {
+                    None => Err(CoreError::LeaseNotFound(id)),
+                    Some(r) if r.superseded || self.now >= r.expires_at_ms => {
+                        Err(CoreError::LeaseNotRenewable(id))
+                    }
+                    Some(r) => Ok(Lease {
+                        expires_at_ms: self.now + ttl,
+                        ts_upper_bound_ms: r.ts_upper_bound_ms.max(bound),
+                        ..r.clone()
+                    }),
+                };
+                let got = if plan_then_apply {
+                    let plan = self.table.plan_renew(id, ttl, self.now, bound);
+                    plan.inspect(|l| self.table.apply_renew(l))
+                } else {
+                    self.table.renew(id, ttl, self.now, bound)
+                };
+                prop_assert_eq!(&got, &want);
+                if let Ok(renewed) = want {
+                    if let Some(r) = self.records.iter_mut().find(|r| r.id == id) {
+                        *r = renewed;
+                    }
+                }
+            }
+            Op::Release { pick, unknown } => {
+                let id = self.pick_id(pick, unknown);
+                let want = self
+                    .records
+                    .iter()
+                    .position(|r| r.id == id)
+                    .map(|i| self.records.remove(i));
+                prop_assert_eq!(self.table.release(id), want);
+                removed.push(id);
+            }
+            Op::Expire => {
+                let now = self.now;
+                let mut want: Vec<i64> = self
+                    .records
+                    .iter()
+                    .filter(|r| now >= r.expires_at_ms)
+                    .map(|r| r.id)
+                    .collect();
+                self.records.retain(|r| now < r.expires_at_ms);
+                let mut got = self.table.expire(now);
+                got.sort_unstable();
+                want.sort_unstable();
+                prop_assert_eq!(&got, &want);
+                removed = got;
+            }
+            Op::Clock(ms) => self.now += ms,
+            Op::HighWater(ms) => self.high_water += ms,
+            Op::Reload => {
+                let rows: Vec<Lease> = self.table.iter().cloned().collect();
+                self.table = LeaseTable::load(rows, self.now)
+                    .map_err(|e| TestCaseError::fail(e.to_string()))?;
+                let now = self.now;
+                removed = self
+                    .records
+                    .iter()
+                    .filter(|r| now >= r.expires_at_ms)
+                    .map(|r| r.id)
+                    .collect();
+                self.records.retain(|r| now < r.expires_at_ms);
+            }
+        }
+        self.check(&ids_before, &removed)
+    }
+
+    fn check(&self, ids_before: &[i64], removed: &[i64]) -> Result<(), TestCaseError> {
+        // Table and model agree, record for record.
+        let mut want = self.records.clone();
+        want.sort_by_key(|r| r.id);
+        let got: Vec<Lease> = self.table.iter().cloned().collect();
+        prop_assert_eq!(&got, &want);
+        // No lease is lost except by release or expiry.
+        for id in ids_before {
+            prop_assert!(
+                self.table.get(*id).is_some() || removed.contains(id),
+                "lease {} lost",
+                id
+            );
+        }
+        // Ids unique; at most one active lease per holder.
+        for w in got.windows(2) {
+            prop_assert!(w[0].id < w[1].id);
+        }
+        for h in HOLDERS {
+            let active = got
+                .iter()
+                .filter(|l| l.holder == h && l.is_active(self.now))
+                .count();
+            prop_assert!(active <= 1);
+        }
+        // The frontier is the high-water held down by every live bound, superseded or not.
+        let f = self.table.frontier(self.high_water, self.now);
+        let want_f = self
+            .records
+            .iter()
+            .filter(|r| self.now < r.expires_at_ms)
+            .map(|r| r.ts_upper_bound_ms)
+            .min()
+            .map_or(self.high_water, |b| b.min(self.high_water));
+        prop_assert_eq!(f, want_f);
+        prop_assert!(f <= self.high_water);
+        Ok(())
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    #[test]
+    fn lease_table_matches_model(ops in prop::collection::vec(op(), 1..120)) {
+        let mut m = Model {
+            table: LeaseTable::new(),
+            records: Vec::new(),
+            now: 1_000,
+            high_water: 5_000,
+            next_id: 1,
+            ids_ever: Vec::new(),
+        };
+        for op in &ops {
+            m.step(op)?;
+        }
+    }
+}

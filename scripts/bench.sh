@@ -1,0 +1,263 @@
+#!/usr/bin/env bash
+# `make bench`: benchmark the installed tsoracle extension against baselines measured in the
+# same run, on a throw-away cluster with the extension preloaded.
+#
+# Every candidate workload is interleaved with its baselines (the order rotates each
+# repetition) and each figure is the median of BENCH_REPS runs; ratios are the median of the
+# per-repetition ratios (candidate run i / baseline run i), so slow phases of a noisy machine
+# hit both sides of a ratio alike. Speed never fails the script: a missed target is printed
+# as NOT MET and the exit status is 0 unless something actually broke.
+#
+# Knobs (environment): BENCH_SECONDS (pgbench -T per run, default 8), BENCH_REPS (default 3),
+# BENCH_CLIENTS (default "8 32"), BENCH_PERCALL_N (rows for the per-call rows, default 2000000),
+# BENCH_P99_WINDOW_MS (tsoracle.window_ahead_ms during the p99 runs, default 50),
+# BENCH_KEEP=1 keeps the work directory (logs, per-transaction logs) for inspection.
+set -uo pipefail
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+HERE="$ROOT/scripts/bench"
+BIN=/usr/lib/postgresql/15/bin
+SECS=${BENCH_SECONDS:-8}
+REPS=${BENCH_REPS:-3}
+CLIENTS=${BENCH_CLIENTS:-"8 32"}
+PERCALL_N=${BENCH_PERCALL_N:-2000000}
+P99_WINDOW_MS=${BENCH_P99_WINDOW_MS:-50}
+P99_CLIENTS=8
+BATCH_CLIENTS=8
+
+die() { echo "bench: $*" >&2; exit 1; }
+as_pg() { runuser -u postgres -- "$@"; }
+[ "$(id -u)" = 0 ] || die "run as root (initdb/pg_ctl run as the postgres OS user via runuser)"
+[ -x "$BIN/pgbench" ] || die "$BIN/pgbench not found (apt-get install postgresql-15)"
+[ -f /usr/lib/postgresql/15/lib/tsoracle.so ] || die "tsoracle is not installed (make install)"
+
+WORK=$(mktemp -d /tmp/tsoracle-bench.XXXXXX) || die "mktemp failed"
+chown postgres:postgres "$WORK"
+chmod 755 "$WORK"
+DATA="$WORK/pgdata"
+LOG="$WORK/postgresql.log"
+RES="$WORK/results.tsv"
+RUNS="$WORK/runs"
+mkdir -p "$RUNS"
+: >"$RES"
+
+cleanup() {
+    local rc=$?
+    if [ -n "${SAMPLER_PID:-}" ]; then kill "$SAMPLER_PID" 2>/dev/null; wait "$SAMPLER_PID" 2>/dev/null; fi
+    if [ -s "$DATA/PG_VERSION" ]; then
+        as_pg "$BIN/pg_ctl" -D "$DATA" -m immediate -w stop >/dev/null 2>&1 || true
+    fi
+    if [ "${BENCH_KEEP:-0}" = 1 ]; then
+        echo "bench: kept $WORK" >&2
+    else
+        rm -rf "$WORK"
+    fi
+    exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+[ "$PORT" != 55432 ] || PORT=55433
+
+echo "==> initdb $DATA (port $PORT)" >&2
+as_pg "$BIN/initdb" -D "$DATA" -U postgres --auth=trust -E UTF8 >"$WORK/initdb.log" 2>&1 \
+    || { cat "$WORK/initdb.log" >&2; die "initdb failed"; }
+cat >>"$DATA/postgresql.conf" <<CONF
+# --- tsoracle benchmark cluster ---
+listen_addresses = '127.0.0.1'
+port = $PORT
+unix_socket_directories = '$WORK'
+max_connections = 100
+shared_preload_libraries = 'tsoracle'
+tsoracle.database = 'postgres'
+CONF
+as_pg "$BIN/pg_ctl" -D "$DATA" -l "$LOG" -w -t 60 start >/dev/null \
+    || { tail -n 30 "$LOG" >&2; die "the cluster did not start"; }
+
+PSQL=("$BIN/psql" -X -q -At -h "$WORK" -p "$PORT" -U postgres -d postgres -v ON_ERROR_STOP=1)
+sql() { "${PSQL[@]}" -c "$1"; }
+rec() { local IFS=$'\t'; echo "$*" >>"$RES"; }
+status_json() { sql "SELECT row_to_json(s) FROM tso_status() s" 2>/dev/null || echo '{}'; }
+status_rec() { rec status "$1" "$(status_json)"; }
+
+sql "CREATE EXTENSION tsoracle" || die "CREATE EXTENSION tsoracle failed"
+state=""
+for _ in $(seq 1 300); do
+    state=$(sql "SELECT state FROM tso_status()" 2>/dev/null)
+    [ "$state" = serving ] && break
+    sleep 0.2
+done
+[ "$state" = serving ] || { tail -n 30 "$LOG" >&2; die "tsoracle did not reach 'serving' (state: '$state')"; }
+
+sql "CREATE SEQUENCE s; CREATE SEQUENCE s100 INCREMENT BY 100;
+     CREATE TABLE counter (id int PRIMARY KEY, v bigint NOT NULL);
+     INSERT INTO counter VALUES (1, 0);" && sql "VACUUM ANALYZE counter" || die "set-up failed"
+
+SEQ_OK=1
+if ! sql "SELECT tso_seq('k', 1)" >/dev/null 2>"$WORK/tso_seq.err"; then
+    SEQ_OK=0
+    rec info tso_seq "not available: $(head -n 1 "$WORK/tso_seq.err")"
+    echo "==> tso_seq: not available ($(head -n 1 "$WORK/tso_seq.err"))" >&2
+fi
+
+# --- the machine and the settings ----------------------------------------------------------
+rec info cpus "$(nproc)"
+rec info cpu_model "$(lscpu 2>/dev/null | sed -n 's/^Model name: *//p' | head -n 1)"
+rec info memory "$(free -m | awk '/^Mem:/ {print $2 " MiB"}')"
+rec info kernel "$(uname -r)"
+rec info server "$(sql 'SELECT version()')"
+rec info pgbench "$("$BIN/pgbench" --version)"
+rec info settings "$(sql "SELECT string_agg(name || '=' || setting || coalesce(unit, ''), ', ' ORDER BY name)
+    FROM pg_settings WHERE name IN ('shared_buffers', 'max_connections', 'fsync', 'synchronous_commit',
+      'wal_level', 'tsoracle.window_ahead_ms', 'tsoracle.failover_advance_ms', 'work_mem')")"
+rec info percall_n "$PERCALL_N"
+rec info bench "pgbench -n -M prepared -T $SECS -c <clients> -j <min(clients, $(nproc))> -f <script>; $REPS repetitions, order rotated per repetition"
+rec info scripts "$(for f in "$HERE"/*.sql; do printf '%s: %s  ' "$(basename "$f" .sql)" "$(tr -d '\n' <"$f")"; done)"
+status_rec start
+
+# --- helpers ---------------------------------------------------------------------------------
+
+# Sample the wait events of active client backends every 0.25 s in one session, into $1.
+start_sampler() {
+    local out=$1 n=$(( (SECS + 5) * 4 ))
+    {
+        for _ in $(seq 1 "$n"); do
+            echo "SELECT coalesce(wait_event_type || ':' || wait_event, 'CPU') FROM pg_stat_activity
+                   WHERE backend_type = 'client backend' AND state = 'active' AND pid <> pg_backend_pid();"
+            echo "SELECT pg_sleep(0.25) \\g /dev/null"
+        done
+    } >"$out.sql"
+    "${PSQL[@]}" -f "$out.sql" >"$out" 2>/dev/null &
+    SAMPLER_PID=$!
+}
+stop_sampler() {
+    if [ -n "${SAMPLER_PID:-}" ]; then
+        kill "$SAMPLER_PID" 2>/dev/null
+        wait "$SAMPLER_PID" 2>/dev/null
+        SAMPLER_PID=""
+    fi
+}
+
+# run_pgbench WORKLOAD SCRIPT CLIENTS REP [extra pgbench args...]: one pgbench run, recorded.
+run_pgbench() {
+    local name=$1 script=$2 clients=$3 rep=$4
+    shift 4
+    local jobs=$clients
+    [ "$jobs" -le "$(nproc)" ] || jobs=$(nproc)
+    local tag="$name.c$clients.r$rep"
+    local out="$RUNS/$tag.out"
+    start_sampler "$RUNS/$tag.waits"
+    "$BIN/pgbench" -h "$WORK" -p "$PORT" -U postgres -n -M prepared -T "$SECS" -c "$clients" -j "$jobs" \
+        -f "$HERE/$script.sql" "$@" postgres >"$out" 2>&1
+    local rc=$?
+    stop_sampler
+    local tps
+    tps=$(sed -n 's/^tps = \([0-9.]*\) (without initial connection time)/\1/p' "$out" | head -n 1)
+    if [ "$rc" -ne 0 ] || [ -z "$tps" ]; then
+        rec fail "$name" "$clients" "$rep" "$(grep -m 1 -iE 'error|abort|fatal' "$out" | tr '\t' ' ')"
+        printf '    %-16s c=%-3s rep %s: FAILED (%s)\n' "$name" "$clients" "$rep" "$(grep -m 1 -iE 'error|abort|fatal' "$out")" >&2
+    else
+        rec tps "$name" "$clients" "$rep" "$tps"
+        printf '    %-16s c=%-3s rep %s: %12.1f tps\n' "$name" "$clients" "$rep" "$tps" >&2
+    fi
+    rec waits "$name" "$clients" "$rep" "$RUNS/$tag.waits"
+    sleep 1
+}
+
+# interleave CLIENTS REP WORKLOAD...: run the workloads once each, order rotated by REP.
+interleave() {
+    local clients=$1 rep=$2
+    shift 2
+    local list=("$@") n=$#
+    for i in $(seq 0 $((n - 1))); do
+        local w=${list[$(( (i + rep) % n ))]}
+        run_pgbench "$w" "$w" "$clients" "$rep"
+    done
+}
+
+# --- 1. throughput: tso_next() vs SELECT 1 vs nextval('s') -----------------------------------
+echo "==> throughput: tso_next() vs SELECT 1 vs nextval('s') (clients: $CLIENTS)" >&2
+for c in $CLIENTS; do
+    run_pgbench warmup select1 "$c" 0 -T 3 2>/dev/null   # connections, caches, CPU frequency
+    for r in $(seq 1 "$REPS"); do
+        interleave "$c" "$r" select1 tso_next nextval
+    done
+done
+
+# --- 2. per-call cost inside one backend -----------------------------------------------------
+echo "==> per-call cost: count(f()) over generate_series(1, $PERCALL_N)" >&2
+{
+    echo '\timing on'
+    for q in 'count(1)' 'count(clock_timestamp())' "count(nextval('s'))" 'count(tso_next())'; do
+        echo "SELECT $q FROM generate_series(1, $PERCALL_N);"   # warm-up
+    done
+    for r in $(seq 1 "$REPS"); do
+        qs=('count(1)' 'count(clock_timestamp())' "count(nextval('s'))" 'count(tso_next())')
+        for i in 0 1 2 3; do
+            q=${qs[$(( (i + r) % 4 ))]}
+            echo "\\echo @@ $q $r"
+            echo "SELECT $q FROM generate_series(1, $PERCALL_N);"
+        done
+    done
+} >"$WORK/percall.sql"
+if "${PSQL[@]}" -f "$WORK/percall.sql" >"$WORK/percall.out" 2>&1; then
+    awk '/^@@ /{q=$2; r=$3; next} /^Time: /{ if (q != "") { printf "ms\t%s\t1\t%s\t%s\n", q, r, $2; q="" } }' \
+        "$WORK/percall.out" >>"$RES"
+    grep -A2 '^@@' "$WORK/percall.out" | grep -E '^@@|^Time' | paste - - | sed 's/^/    /' >&2
+else
+    rec fail percall 1 0 "$(grep -m 1 ERROR "$WORK/percall.out" | tr '\t' ' ')"
+    echo "    per-call runs FAILED: $(grep -m 1 ERROR "$WORK/percall.out")" >&2
+fi
+
+# --- 3. tso_next_batch(1000) -----------------------------------------------------------------
+echo "==> tso_next_batch(1000), $BATCH_CLIENTS clients" >&2
+for r in $(seq 1 "$REPS"); do
+    run_pgbench tso_next_batch tso_next_batch "$BATCH_CLIENTS" "$r"
+done
+
+# --- 4. tso_seq('k', 100) vs a counter table vs nextval ----------------------------------------
+if [ "$SEQ_OK" = 1 ]; then
+    echo "==> tso_seq('k', 100) vs counter-table UPDATE ... RETURNING vs nextval('s100') (clients: $CLIENTS)" >&2
+    for c in $CLIENTS; do
+        for r in $(seq 1 "$REPS"); do
+            list=(tso_seq counter nextval100)
+            for i in 0 1 2; do
+                w=${list[$(( (i + r) % 3 ))]}
+                [ "$w" = tso_seq ] && status_rec "seq_before.c$c.r$r"
+                run_pgbench "$w" "$w" "$c" "$r"
+                [ "$w" = tso_seq ] && status_rec "seq_after.c$c.r$r"
+            done
+        done
+    done
+else
+    echo "==> tso_seq: not available, skipping its rows" >&2
+fi
+
+# --- 5. p99 latency across window extensions -------------------------------------------------
+echo "==> p99 latency, $P99_CLIENTS clients, tsoracle.window_ahead_ms = $P99_WINDOW_MS" >&2
+sql "ALTER SYSTEM SET tsoracle.window_ahead_ms = $P99_WINDOW_MS; SELECT pg_reload_conf();" >/dev/null
+sleep 1
+rec info p99_window "$(sql 'SHOW tsoracle.window_ahead_ms')"
+status_rec p99_start
+for r in $(seq 1 "$REPS"); do
+    list=(select1 tso_next)
+    for i in 0 1; do
+        w=${list[$(( (i + r) % 2 ))]}
+        status_rec "p99_before.$w.r$r"
+        run_pgbench "p99_$w" "$w" "$P99_CLIENTS" "$r" -l --log-prefix="$RUNS/p99_$w.r$r"
+        status_rec "p99_after.$w.r$r"
+        rec lat "p99_$w" "$P99_CLIENTS" "$r" "$RUNS/p99_$w.r$r"
+    done
+done
+status_rec p99_end
+sql "ALTER SYSTEM RESET tsoracle.window_ahead_ms; SELECT pg_reload_conf();" >/dev/null
+
+status_rec end
+
+# A backend or the worker that died would show up here.
+rec info server_log_problems "$(grep -cE 'PANIC|FATAL|terminated by signal|server process .* was terminated' "$LOG")"
+grep -E 'PANIC|terminated by signal|was terminated' "$LOG" | head -n 5 | while read -r line; do rec info server_log "$line"; done
+
+echo >&2
+python3 "$HERE/report.py" "$RES"

@@ -1,0 +1,301 @@
+#!/usr/bin/env python3
+"""Turn the results.tsv written by scripts/bench.sh into the benchmark report.
+
+Rows of results.tsv (tab-separated):
+  info    KEY VALUE
+  tps     WORKLOAD CLIENTS REP TPS
+  ms      QUERY 1 REP MILLISECONDS           (per-call rows, psql \\timing)
+  lat     WORKLOAD CLIENTS REP LOG_PREFIX    (pgbench -l per-transaction logs)
+  waits   WORKLOAD CLIENTS REP FILE          (sampled wait events of active client backends)
+  status  LABEL JSON                         (a row of tso_status())
+  fail    WORKLOAD CLIENTS REP MESSAGE
+
+Figures are medians over the repetitions; a ratio is the median of the per-repetition
+ratios (candidate run i / baseline run i, the two run back to back), not the ratio of the
+medians, so a slow phase of a shared machine hits both sides of a ratio alike.
+"""
+import collections
+import glob
+import json
+import os
+import statistics
+import sys
+
+info = collections.OrderedDict()
+tps = collections.defaultdict(dict)      # (workload, clients) -> {rep: tps}
+ms = collections.defaultdict(dict)       # query -> {rep: ms}
+lat = collections.defaultdict(dict)      # (workload, clients) -> {rep: log prefix}
+waits = collections.defaultdict(list)    # (workload, clients) -> [files]
+status = {}
+fails = []
+
+with open(sys.argv[1]) as f:
+    for line in f:
+        parts = line.rstrip("\n").split("\t")
+        kind = parts[0]
+        if kind == "info":
+            info.setdefault(parts[1], []).append(parts[2] if len(parts) > 2 else "")
+        elif kind == "tps":
+            tps[(parts[1], int(parts[2]))][int(parts[3])] = float(parts[4])
+        elif kind == "ms":
+            ms[parts[1]][int(parts[3])] = float(parts[4])
+        elif kind == "lat":
+            lat[(parts[1], int(parts[2]))][int(parts[3])] = parts[4]
+        elif kind == "waits":
+            waits[(parts[1], int(parts[2]))].append(parts[4])
+        elif kind == "status":
+            try:
+                status[parts[1]] = json.loads(parts[2])
+            except (ValueError, IndexError):
+                status[parts[1]] = {}
+        elif kind == "fail":
+            fails.append(parts[1:])
+
+
+def first(key, default="?"):
+    return info.get(key, [default])[0]
+
+
+def med(values):
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def paired_ratio(cand, base):
+    """Median of per-repetition ratios cand[r] / base[r]."""
+    reps = sorted(set(cand) & set(base))
+    return med([cand[r] / base[r] for r in reps if base[r]])
+
+
+def delta(before, after, col):
+    a, b = status.get(after, {}), status.get(before, {})
+    if a.get(col) is None or b.get(col) is None:
+        return None
+    return a[col] - b[col]
+
+
+def percentiles(prefix):
+    """p50, p99, p99.9, max (ms) and count from pgbench -l logs (one file per thread)."""
+    values = []
+    for path in glob.glob(glob.escape(prefix) + ".*"):
+        with open(path) as f:
+            for line in f:
+                cols = line.split()
+                if len(cols) >= 3 and cols[2].isdigit():
+                    values.append(int(cols[2]))
+    if not values:
+        return None
+    values.sort()
+    n = len(values)
+
+    def pct(p):  # nearest rank
+        return values[min(n - 1, max(0, int(-(-p * n // 100)) - 1))] / 1000.0
+
+    return {"p50": pct(50), "p99": pct(99), "p999": pct(99.9), "max": values[-1] / 1000.0, "n": n}
+
+
+def fmt_tps(v):
+    return "-" if v is None else f"{v:,.0f} tps"
+
+
+def fmt_ms(v):
+    return "-" if v is None else f"{v:,.1f} ms"
+
+
+def fmt_lat(v):
+    return "-" if v is None else f"{v:.3f} ms"
+
+
+def fmt_ratio(v):
+    return "-" if v is None else f"{v:.2f}"
+
+
+def verdict(ok):
+    return "-" if ok is None else ("MET" if ok else "NOT MET")
+
+
+rows = []  # workload, clients, result, baseline, baseline result, ratio, target, verdict
+notes = []
+clients_list = sorted({c for (w, c) in tps if w in ("tso_next", "select1", "nextval")})
+seq_available = not first("tso_seq", "").startswith("not available")
+
+# 1. tso_next() vs SELECT 1, and against nextval('s')
+for c in clients_list:
+    cand, base, nv = tps.get(("tso_next", c), {}), tps.get(("select1", c), {}), tps.get(("nextval", c), {})
+    r = paired_ratio(cand, base)
+    rows.append(["SELECT tso_next()", c, fmt_tps(med(cand.values())), "SELECT 1", fmt_tps(med(base.values())),
+                 fmt_ratio(r), ">= 0.95", verdict(None if r is None else r >= 0.95)])
+for c in clients_list:
+    cand, nv = tps.get(("tso_next", c), {}), tps.get(("nextval", c), {})
+    r = paired_ratio(cand, nv)
+    rows.append(["SELECT tso_next()", c, fmt_tps(med(cand.values())), "SELECT nextval('s')",
+                 fmt_tps(med(nv.values())), fmt_ratio(r), "report", "-"])
+for c in clients_list:
+    nv, base = tps.get(("nextval", c), {}), tps.get(("select1", c), {})
+    r = paired_ratio(nv, base)
+    rows.append(["SELECT nextval('s')", c, fmt_tps(med(nv.values())), "SELECT 1", fmt_tps(med(base.values())),
+                 fmt_ratio(r), "report (~0.6)", "-"])
+
+# 2. per-call cost inside one backend
+tso_q, clock_q, nv_q, empty_q = "count(tso_next())", "count(clock_timestamp())", "count(nextval('s'))", "count(1)"
+if ms:
+    r = paired_ratio(ms.get(tso_q, {}), ms.get(clock_q, {}))
+    rows.append([f"per call: {tso_q} (1 backend)", 1, fmt_ms(med(ms.get(tso_q, {}).values())), clock_q,
+                 fmt_ms(med(ms.get(clock_q, {}).values())), fmt_ratio(r), "<= 1.3",
+                 verdict(None if r is None else r <= 1.3)])
+    r = paired_ratio(ms.get(tso_q, {}), ms.get(nv_q, {}))
+    rows.append([f"per call: {tso_q} (1 backend)", 1, fmt_ms(med(ms.get(tso_q, {}).values())), nv_q,
+                 fmt_ms(med(ms.get(nv_q, {}).values())), fmt_ratio(r), "report", "-"])
+
+# 3. tso_next_batch(1000)
+batch = {k: v for k, v in tps.items() if k[0] == "tso_next_batch"}
+for (w, c), runs in sorted(batch.items()):
+    t = med(runs.values())
+    tsps = None if t is None else t * 1000
+    rows.append(["SELECT tso_next_batch(1000)", c, "-" if tsps is None else f"{tsps / 1e6:,.1f} M ts/s", "-", "-", "-",
+                 ">= 10 M ts/s", verdict(None if tsps is None else tsps >= 1e7)])
+
+# 4. tso_seq('k', 100)
+if not seq_available:
+    rows.append(["SELECT tso_seq('k', 100)", "-", "tso_seq: not available", "counter table", "-", "-", ">= 10", "-"])
+else:
+    seq_clients = sorted({c for (w, c) in tps if w in ("tso_seq", "counter", "nextval100")})
+    for c in seq_clients:
+        cand, ctr, nv = tps.get(("tso_seq", c), {}), tps.get(("counter", c), {}), tps.get(("nextval100", c), {})
+        r = paired_ratio(cand, ctr)
+        rows.append(["SELECT tso_seq('k', 100)", c, fmt_tps(med(cand.values())), "counter UPDATE ... RETURNING",
+                     fmt_tps(med(ctr.values())), fmt_ratio(r), ">= 10", verdict(None if r is None else r >= 10)])
+        r = paired_ratio(cand, nv)
+        rows.append(["SELECT tso_seq('k', 100)", c, fmt_tps(med(cand.values())), "nextval('s100')",
+                     fmt_tps(med(nv.values())), fmt_ratio(r), "report", "-"])
+
+# 5. p99 latency across window extensions
+p99 = {}
+for (w, c), reps in sorted(lat.items()):
+    for rep, prefix in reps.items():
+        p99[(w, c, rep)] = percentiles(prefix)
+p99_clients = sorted({c for (w, c) in lat})
+ext_runs = []
+for c in p99_clients:
+    cand = {rep: p["p99"] for (w, cc, rep), p in p99.items() if w == "p99_tso_next" and cc == c and p}
+    base = {rep: p["p99"] for (w, cc, rep), p in p99.items() if w == "p99_select1" and cc == c and p}
+    r = paired_ratio(cand, base)
+    rows.append(["p99 latency, SELECT tso_next()", c, fmt_lat(med(cand.values())), "p99 of SELECT 1",
+                 fmt_lat(med(base.values())), fmt_ratio(r), "<= 1.2", verdict(None if r is None else r <= 1.2)])
+    for rep in sorted(cand):
+        ext_runs.append(delta(f"p99_before.tso_next.r{rep}", f"p99_after.tso_next.r{rep}", "window_extensions"))
+if ext_runs:
+    known = [e for e in ext_runs if e is not None]
+    least = min(known) if known else None
+    rows.append([f"window extensions per p99 tso_next() run (window_ahead_ms={first('p99_window')})",
+                 p99_clients[0] if p99_clients else "-", "-" if least is None else f"min {least}",
+                 "-", "-", "-", ">= 5", verdict(None if least is None else least >= 5)])
+
+# ---------------------------------------------------------------------------------------------
+out = []
+w = out.append
+w("tsoracle benchmark")
+w("==================")
+w(f"machine : {first('cpus')} CPUs ({first('cpu_model')}), {first('memory')}, Linux {first('kernel')}")
+w(f"server  : {first('server')}")
+w(f"settings: {first('settings')}")
+w(f"pgbench : {first('pgbench')}")
+w(f"          {first('bench')}")
+w(f"scripts : {first('scripts').strip()}")
+w(f"per call: psql \\timing of SELECT count(f()) FROM generate_series(1, N) in one session, same order rotation")
+w("")
+
+headers = ["workload", "clients", "result", "baseline", "baseline result", "ratio", "target", "verdict"]
+cells = [[str(x) for x in row] for row in rows]
+widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(headers)]
+w("| " + " | ".join(h.ljust(widths[i]) for i, h in enumerate(headers)) + " |")
+w("|" + "|".join("-" * (widths[i] + 2) for i in range(len(headers))) + "|")
+for r in cells:
+    w("| " + " | ".join(r[i].ljust(widths[i]) for i in range(len(headers))) + " |")
+w("")
+w("ratio = median over the repetitions of (candidate run / baseline run), the two run back to back;")
+w("result and baseline result = medians of the runs. For latencies and per-call times lower is better.")
+w("")
+
+# Oracle counters
+w("oracle counters (tso_status() deltas)")
+for label, (a, b) in [("whole run", ("start", "end")), ("p99 phase", ("p99_start", "p99_end"))]:
+    ext, com = delta(a, b, "window_extensions"), delta(a, b, "worker_commits")
+    iss = delta(a, b, "timestamps_issued")
+    w(f"  {label:10s}: window_extensions {ext}, worker_commits {com}, timestamps_issued {iss}")
+if ext_runs:
+    w(f"  window extensions in each p99 tso_next() run: {ext_runs}")
+end = status.get("end", {})
+if seq_available:
+    req = com = 0
+    have = "seq_requests" in end and "seq_commits" in end
+    for label in status:
+        if label.startswith("seq_before."):
+            after = "seq_after." + label[len("seq_before."):]
+            dr, dc = delta(label, after, "seq_requests"), delta(label, after, "seq_commits")
+            req += dr or 0
+            com += dc or 0
+    if have:
+        w(f"  tso_seq runs: seq_requests {req}, seq_commits {com}, mean group size "
+          f"{(req / com) if com else float('nan'):.1f} requests per commit")
+    else:
+        w("  tso_seq runs: tso_status() has no seq_requests/seq_commits columns; mean group size unknown")
+else:
+    w(f"  tso_seq: not available ({first('tso_seq')})")
+w("")
+
+# p99 detail
+if p99:
+    w("latency detail (closed loop, per-transaction logs; ms)")
+    for (wl, c, rep), p in sorted(p99.items()):
+        if p:
+            w(f"  {wl:14s} c={c:<3d} rep {rep}: p50 {p['p50']:.3f}  p99 {p['p99']:.3f}  p99.9 {p['p999']:.3f}  "
+              f"max {p['max']:.3f}  ({p['n']} transactions)")
+    w("")
+
+# raw runs
+w("all runs (tps; per-call in ms)")
+for (wl, c), runs in sorted(tps.items()):
+    if wl == "warmup":
+        continue
+    w(f"  {wl:16s} c={c:<3d}: " + "  ".join(f"{runs[r]:,.0f}" for r in sorted(runs)))
+for q, runs in sorted(ms.items()):
+    w(f"  {q:28s}: " + "  ".join(f"{runs[r]:,.1f}" for r in sorted(runs)))
+if ms.get(empty_q):
+    base = med(ms[empty_q].values())
+    n = int(first("percall_n", "0")) or None
+    w(f"  net per-call cost (median minus the {empty_q} loop):")
+    for q in (clock_q, nv_q, tso_q):
+        m = med(ms.get(q, {}).values())
+        if m is not None:
+            per = f", {(m - base) * 1e6 / n:,.0f} ns per call" if n else ""
+            w(f"    {q:28s}: {m - base:,.1f} ms net{per}")
+w("")
+
+# wait events
+if waits:
+    w("wait events of active client backends (sampled every 0.25 s; CPU = not waiting)")
+    for (wl, c), files in sorted(waits.items()):
+        if wl == "warmup":
+            continue
+        counter = collections.Counter()
+        for path in files:
+            if os.path.exists(path):
+                with open(path) as f:
+                    counter.update(x.strip() for x in f if x.strip())
+        total = sum(counter.values())
+        if total:
+            top = ", ".join(f"{k} {100.0 * v / total:.0f}%" for k, v in counter.most_common(4))
+            w(f"  {wl:16s} c={c:<3d}: {top}  ({total} samples)")
+    w("")
+
+if fails:
+    w("FAILED runs:")
+    for f in fails:
+        w("  " + " ".join(f))
+    w("")
+problems = first("server_log_problems", "0")
+if problems not in ("0", "?"):
+    w(f"server log: {problems} FATAL/PANIC/termination lines, e.g.: " + "; ".join(info.get("server_log", [])))
+
+print("\n".join(out))

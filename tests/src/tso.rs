@@ -1,0 +1,178 @@
+//! The extension's SQL surface, as the tests use it.
+
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use postgres::error::SqlState;
+use postgres::Client;
+
+use crate::error::{pg_error_string, HarnessError};
+
+/// Timestamps are `physical_ms << 18 | logical`.
+pub const LOGICAL_BITS: u32 = 18;
+pub const LOGICAL_MASK: i64 = (1 << LOGICAL_BITS) - 1;
+/// Largest `tso_next_batch` count.
+pub const MAX_BATCH: i32 = 1 << LOGICAL_BITS;
+/// How long [`wait_serving`] polls.
+pub const WAIT_SERVING_TIMEOUT: Duration = Duration::from_secs(30);
+
+pub fn physical(ts: i64) -> i64 {
+    ts >> LOGICAL_BITS
+}
+
+pub fn logical(ts: i64) -> i64 {
+    ts & LOGICAL_MASK
+}
+
+pub fn compose(physical_ms: i64, logical: i64) -> i64 {
+    (physical_ms << LOGICAL_BITS) | (logical & LOGICAL_MASK)
+}
+
+/// Wall clock, milliseconds since the Unix epoch.
+pub fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("clock after 1970")
+        .as_millis() as i64
+}
+
+/// One row of `tso_status()`. Everything but `role` and `state` may be NULL.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TsoStatus {
+    pub role: String,
+    pub state: String,
+    pub detail: Option<String>,
+    pub epoch: Option<i64>,
+    pub timeline: Option<i64>,
+    pub high_water_ms: Option<i64>,
+    pub floor_ms: Option<i64>,
+    pub last_issued: Option<i64>,
+    pub window_left_ms: Option<i64>,
+    pub timestamps_issued: Option<i64>,
+    pub window_extensions: Option<i64>,
+    pub fences: Option<i64>,
+    pub last_fence_ms: Option<f64>,
+    pub worker_pid: Option<i32>,
+    pub worker_commits: Option<i64>,
+    pub sync_replication: Option<bool>,
+}
+
+/// `SELECT ... FROM tso_status()`, decoded with the column types of the specification
+/// (a type mismatch is an error, not silently cast).
+pub fn status(client: &mut Client) -> Result<TsoStatus, postgres::Error> {
+    let r = client.query_one(
+        "SELECT role, state, detail, epoch, timeline, high_water_ms, floor_ms, last_issued, \
+                window_left_ms, timestamps_issued, window_extensions, fences, last_fence_ms, \
+                worker_pid, worker_commits, sync_replication \
+           FROM tso_status()",
+        &[],
+    )?;
+    Ok(TsoStatus {
+        role: r.try_get(0)?,
+        state: r.try_get(1)?,
+        detail: r.try_get(2)?,
+        epoch: r.try_get(3)?,
+        timeline: r.try_get(4)?,
+        high_water_ms: r.try_get(5)?,
+        floor_ms: r.try_get(6)?,
+        last_issued: r.try_get(7)?,
+        window_left_ms: r.try_get(8)?,
+        timestamps_issued: r.try_get(9)?,
+        window_extensions: r.try_get(10)?,
+        fences: r.try_get(11)?,
+        last_fence_ms: r.try_get(12)?,
+        worker_pid: r.try_get(13)?,
+        worker_commits: r.try_get(14)?,
+        sync_replication: r.try_get(15)?,
+    })
+}
+
+/// Errors that go away by waiting: not serving yet (57P03), shutdown / crash (class 57),
+/// connection problems (class 08), and client-side I/O errors.
+pub fn is_retryable(e: &postgres::Error) -> bool {
+    match e.code() {
+        None => true,
+        Some(code) => {
+            let c = code.code();
+            *code == SqlState::CANNOT_CONNECT_NOW || c.starts_with("57") || c.starts_with("08")
+        }
+    }
+}
+
+/// Poll `tso_status()` on this client until `state = 'serving'` (bounded by
+/// [`WAIT_SERVING_TIMEOUT`]), tolerating 57P03. Fails if the connection breaks; use
+/// `Node::wait_serving` to also reconnect across restarts.
+pub fn wait_serving(client: &mut Client) -> Result<TsoStatus, HarnessError> {
+    let deadline = Instant::now() + WAIT_SERVING_TIMEOUT;
+    let mut last = String::new();
+    while Instant::now() < deadline {
+        match status(client) {
+            Ok(st) if st.state == "serving" => return Ok(st),
+            Ok(st) => last = format!("state = {:?} ({:?})", st.state, st.detail),
+            Err(e) => {
+                if client.is_closed() || !is_retryable(&e) {
+                    return Err(e.into());
+                }
+                last = pg_error_string(&e);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Err(HarnessError::Timeout(format!(
+        "not serving after {WAIT_SERVING_TIMEOUT:?}; last: {last}"
+    )))
+}
+
+pub fn tso_next(client: &mut Client) -> Result<i64, postgres::Error> {
+    Ok(client.query_one("SELECT tso_next()", &[])?.try_get(0)?)
+}
+
+/// First of `count` consecutive timestamps.
+pub fn tso_next_batch(client: &mut Client, count: i32) -> Result<i64, postgres::Error> {
+    Ok(client
+        .query_one("SELECT tso_next_batch($1)", &[&count])?
+        .try_get(0)?)
+}
+
+/// `SELECT tso_seed($1)` (return value ignored).
+pub fn tso_seed(client: &mut Client, physical_ms: i64) -> Result<(), postgres::Error> {
+    client.execute("SELECT tso_seed($1::bigint)", &[&physical_ms])?;
+    Ok(())
+}
+
+/// The durable high-water: `max(physical_ms)` of `tsoracle.high_water` (needs privileges).
+pub fn durable_high_water(client: &mut Client) -> Result<Option<i64>, postgres::Error> {
+    Ok(client
+        .query_one("SELECT max(physical_ms)::bigint FROM tsoracle.high_water", &[])?
+        .try_get(0)?)
+}
+
+/// `SHOW <name>`.
+pub fn show(client: &mut Client, name: &str) -> Result<String, postgres::Error> {
+    Ok(client
+        .query_one("SELECT current_setting($1)", &[&name])?
+        .try_get(0)?)
+}
+
+/// Assert that `r` failed with SQLSTATE `code`; returns the error for further checks.
+/// Panics (with the actual outcome) otherwise.
+#[track_caller]
+pub fn expect_sqlstate<T: std::fmt::Debug>(
+    r: Result<T, postgres::Error>,
+    code: &SqlState,
+    what: &str,
+) -> postgres::Error {
+    match r {
+        Ok(v) => panic!("{what}: expected SQLSTATE {}, but it succeeded with {v:?}", code.code()),
+        Err(e) => {
+            match e.code() {
+                Some(c) if c == code => {}
+                _ => panic!(
+                    "{what}: expected SQLSTATE {}, got {}",
+                    code.code(),
+                    pg_error_string(&e)
+                ),
+            }
+            e
+        }
+    }
+}
