@@ -112,20 +112,22 @@ rec info settings "$(sql "SELECT string_agg(name || '=' || setting || coalesce(u
     FROM pg_settings WHERE name IN ('shared_buffers', 'max_connections', 'fsync', 'synchronous_commit',
       'wal_level', 'tsoracle.window_ahead_ms', 'tsoracle.failover_advance_ms', 'work_mem')")"
 rec info percall_n "$PERCALL_N"
+rec info seconds "$SECS"
 rec info bench "pgbench -n -M prepared -T $SECS -c <clients> -j <min(clients, $(nproc))> -f <script>; $REPS repetitions, order rotated per repetition"
 rec info scripts "$(for f in "$HERE"/*.sql; do printf '%s: %s  ' "$(basename "$f" .sql)" "$(tr -d '\n' <"$f")"; done)"
 status_rec start
 
 # --- helpers ---------------------------------------------------------------------------------
 
-# Sample the wait events of active client backends every 0.25 s in one session, into $1.
+# Sample the wait events of active client backends every 0.25 s, in one session, into $1,
+# for about as long as one run (the session ends by itself: killing it would log FATALs).
 start_sampler() {
-    local out=$1 n=$(( (SECS + 5) * 4 ))
+    local out=$1 n=$(( SECS * 4 - 1 ))
     {
         for _ in $(seq 1 "$n"); do
+            echo "SELECT pg_sleep(0.25) \\g /dev/null"
             echo "SELECT coalesce(wait_event_type || ':' || wait_event, 'CPU') FROM pg_stat_activity
                    WHERE backend_type = 'client backend' AND state = 'active' AND pid <> pg_backend_pid();"
-            echo "SELECT pg_sleep(0.25) \\g /dev/null"
         done
     } >"$out.sql"
     "${PSQL[@]}" -f "$out.sql" >"$out" 2>/dev/null &
@@ -133,10 +135,23 @@ start_sampler() {
 }
 stop_sampler() {
     if [ -n "${SAMPLER_PID:-}" ]; then
+        for _ in $(seq 1 30); do kill -0 "$SAMPLER_PID" 2>/dev/null || break; sleep 0.1; done
         kill "$SAMPLER_PID" 2>/dev/null
         wait "$SAMPLER_PID" 2>/dev/null
         SAMPLER_PID=""
     fi
+}
+
+# The server must still be up (a crash restart is waited for; a dead server ends the run).
+check_server() {
+    for _ in $(seq 1 100); do
+        [ "$(sql "SELECT state FROM tso_status()" 2>/dev/null)" = serving ] && return 0
+        sleep 0.2
+    done
+    echo "bench: the server is down or tsoracle is not serving; last lines of $LOG:" >&2
+    tail -n 15 "$LOG" >&2
+    echo "bench: (if tsoracle.so was reinstalled while the benchmark ran, just rerun)" >&2
+    exit 1
 }
 
 # run_pgbench WORKLOAD SCRIPT CLIENTS REP [extra pgbench args...]: one pgbench run, recorded.
@@ -146,6 +161,7 @@ run_pgbench() {
     local jobs=$clients
     [ "$jobs" -le "$(nproc)" ] || jobs=$(nproc)
     local tag="$name.c$clients.r$rep"
+    check_server
     local out="$RUNS/$tag.out"
     start_sampler "$RUNS/$tag.waits"
     "$BIN/pgbench" -h "$WORK" -p "$PORT" -U postgres -n -M prepared -T "$SECS" -c "$clients" -j "$jobs" \
@@ -159,6 +175,7 @@ run_pgbench() {
         printf '    %-16s c=%-3s rep %s: FAILED (%s)\n' "$name" "$clients" "$rep" "$(grep -m 1 -iE 'error|abort|fatal' "$out")" >&2
     else
         rec tps "$name" "$clients" "$rep" "$tps"
+        rec txns "$name" "$clients" "$rep" "$(sed -n 's/^number of transactions actually processed: \([0-9]*\).*/\1/p' "$out" | head -n 1)"
         printf '    %-16s c=%-3s rep %s: %12.1f tps\n' "$name" "$clients" "$rep" "$tps" >&2
     fi
     rec waits "$name" "$clients" "$rep" "$RUNS/$tag.waits"
@@ -189,18 +206,20 @@ done
 echo "==> per-call cost: count(f()) over generate_series(1, $PERCALL_N)" >&2
 {
     echo '\timing on'
-    for q in 'count(1)' 'count(clock_timestamp())' "count(nextval('s'))" 'count(tso_next())'; do
-        echo "SELECT $q FROM generate_series(1, $PERCALL_N);"   # warm-up
+    labels=(loop clock nextval tso_next)
+    exprs=('count(1)' 'count(clock_timestamp())' "count(nextval('s'))" 'count(tso_next())')
+    for i in 0 1 2 3; do
+        echo "SELECT ${exprs[$i]} FROM generate_series(1, $PERCALL_N);"   # warm-up
     done
     for r in $(seq 1 "$REPS"); do
-        qs=('count(1)' 'count(clock_timestamp())' "count(nextval('s'))" 'count(tso_next())')
         for i in 0 1 2 3; do
-            q=${qs[$(( (i + r) % 4 ))]}
-            echo "\\echo @@ $q $r"
-            echo "SELECT $q FROM generate_series(1, $PERCALL_N);"
+            j=$(( (i + r) % 4 ))
+            echo "\\echo @@ ${labels[$j]} $r"
+            echo "SELECT ${exprs[$j]} FROM generate_series(1, $PERCALL_N);"
         done
     done
 } >"$WORK/percall.sql"
+check_server
 if "${PSQL[@]}" -f "$WORK/percall.sql" >"$WORK/percall.out" 2>&1; then
     awk '/^@@ /{q=$2; r=$3; next} /^Time: /{ if (q != "") { printf "ms\t%s\t1\t%s\t%s\n", q, r, $2; q="" } }' \
         "$WORK/percall.out" >>"$RES"
@@ -236,7 +255,7 @@ fi
 
 # --- 5. p99 latency across window extensions -------------------------------------------------
 echo "==> p99 latency, $P99_CLIENTS clients, tsoracle.window_ahead_ms = $P99_WINDOW_MS" >&2
-sql "ALTER SYSTEM SET tsoracle.window_ahead_ms = $P99_WINDOW_MS; SELECT pg_reload_conf();" >/dev/null
+sql "ALTER SYSTEM SET tsoracle.window_ahead_ms = $P99_WINDOW_MS" && sql "SELECT pg_reload_conf()" >/dev/null
 sleep 1
 rec info p99_window "$(sql 'SHOW tsoracle.window_ahead_ms')"
 status_rec p99_start
@@ -251,12 +270,13 @@ for r in $(seq 1 "$REPS"); do
     done
 done
 status_rec p99_end
-sql "ALTER SYSTEM RESET tsoracle.window_ahead_ms; SELECT pg_reload_conf();" >/dev/null
+sql "ALTER SYSTEM RESET tsoracle.window_ahead_ms" && sql "SELECT pg_reload_conf()" >/dev/null
 
+check_server
 status_rec end
 
 # A backend or the worker that died would show up here.
-rec info server_log_problems "$(grep -cE 'PANIC|FATAL|terminated by signal|server process .* was terminated' "$LOG")"
+rec info server_log_problems "$(grep -cE 'PANIC|terminated by signal|was terminated|all server processes terminated' "$LOG")"
 grep -E 'PANIC|terminated by signal|was terminated' "$LOG" | head -n 5 | while read -r line; do rec info server_log "$line"; done
 
 echo >&2

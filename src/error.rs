@@ -32,6 +32,15 @@ pub enum TsoError {
     #[error("too many sequence keys: tsoracle.max_seq_keys is {0}")]
     TooManyKeys(u64),
 
+    #[error("{0}")]
+    StaleLease(String),
+
+    #[error("{0}")]
+    NotFound(String),
+
+    #[error("too many live leases: at most {0}")]
+    TooManyLeases(usize),
+
     /// The worker may or may not have committed the request (its caller's block is then a gap).
     #[error("{0}; the outcome is unknown")]
     OutcomeUnknown(String),
@@ -53,7 +62,9 @@ impl TsoError {
             TsoError::InvalidArgument(_) => ERRCODE_INVALID_PARAMETER_VALUE,
             TsoError::DatetimeOutOfRange(_) => ERRCODE_DATETIME_FIELD_OVERFLOW,
             TsoError::NumericOutOfRange(_) => ERRCODE_NUMERIC_VALUE_OUT_OF_RANGE,
-            TsoError::TooManyKeys(_) => ERRCODE_PROGRAM_LIMIT_EXCEEDED,
+            TsoError::TooManyKeys(_) | TsoError::TooManyLeases(_) => ERRCODE_PROGRAM_LIMIT_EXCEEDED,
+            TsoError::StaleLease(_) => ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+            TsoError::NotFound(_) => ERRCODE_NO_DATA_FOUND,
             TsoError::OutcomeUnknown(_) => ERRCODE_T_R_STATEMENT_COMPLETION_UNKNOWN,
             TsoError::InsufficientPrivilege(_) => ERRCODE_INSUFFICIENT_PRIVILEGE,
             TsoError::Internal(_) => ERRCODE_INTERNAL_ERROR,
@@ -74,6 +85,8 @@ impl TsoError {
             TsoError::TooManyKeys(_) => {
                 Some("Raise tsoracle.max_seq_keys, or reuse existing keys.".into())
             }
+            TsoError::StaleLease(_) => Some("Acquire a new lease with tso_lease_acquire() at a higher holder_epoch.".into()),
+            TsoError::TooManyLeases(_) => Some("Release leases that are no longer used (tso_lease_release).".into()),
             TsoError::OutcomeUnknown(_) => Some(
                 "Check with tso_seq_peek(): a block the worker committed for a caller that left is a gap, never granted again."
                     .into(),

@@ -9,6 +9,8 @@ pub static FAILOVER_ADVANCE_MS: GucSetting<i32> = GucSetting::<i32>::new(1000);
 pub static EXTENSION_TIMEOUT_MS: GucSetting<i32> = GucSetting::<i32>::new(5000);
 pub static MAX_SEQ_COUNT: GucSetting<i32> = GucSetting::<i32>::new(65536);
 pub static MAX_SEQ_KEYS: GucSetting<i32> = GucSetting::<i32>::new(100_000);
+pub static LEASE_TTL_MIN_MS: GucSetting<i32> = GucSetting::<i32>::new(5_000);
+pub static LEASE_TTL_MAX_MS: GucSetting<i32> = GucSetting::<i32>::new(300_000);
 
 pub fn define() {
     GucRegistry::define_string_guc(
@@ -69,6 +71,26 @@ pub fn define() {
         GucContext::Sighup,
         GucFlags::default(),
     );
+    GucRegistry::define_int_guc(
+        c"tsoracle.lease_ttl_min_ms",
+        c"Shortest lease TTL tso_lease_acquire() accepts.",
+        c"Size TTLs above the failover time.",
+        &LEASE_TTL_MIN_MS,
+        1,
+        i32::MAX,
+        GucContext::Sighup,
+        GucFlags::UNIT_MS,
+    );
+    GucRegistry::define_int_guc(
+        c"tsoracle.lease_ttl_max_ms",
+        c"Longest lease TTL tso_lease_acquire() accepts.",
+        c"Each grant moves the durable high-water this far ahead at most.",
+        &LEASE_TTL_MAX_MS,
+        1,
+        i32::MAX,
+        GucContext::Sighup,
+        GucFlags::UNIT_MS,
+    );
     unsafe { pgrx::pg_sys::MarkGUCPrefixReserved(c"tsoracle".as_ptr()) };
 }
 
@@ -97,4 +119,12 @@ pub fn max_seq_count() -> u64 {
 
 pub fn max_seq_keys() -> u64 {
     MAX_SEQ_KEYS.get().max(1) as u64
+}
+
+pub fn lease_ttl_min_ms() -> i64 {
+    i64::from(LEASE_TTL_MIN_MS.get())
+}
+
+pub fn lease_ttl_max_ms() -> i64 {
+    i64::from(LEASE_TTL_MAX_MS.get())
 }

@@ -10,6 +10,7 @@ mod api;
 mod clock;
 mod error;
 mod guc;
+mod lease;
 mod oracle;
 mod replica;
 mod seq;
@@ -59,6 +60,23 @@ CREATE TABLE tsoracle.seq (
 COMMENT ON TABLE tsoracle.seq IS 'tso_seq() counters: next is the first value of the next block granted for key.';
 SELECT pg_catalog.pg_extension_config_dump('tsoracle.seq', '');
 
+-- Leases (tso_lease_acquire): a holder may stamp timestamps up to ts_upper_bound_ms (a
+-- durable high-water) until expires_at_ms. lease_id is the acquire-time bound, unique for
+-- all time because the high-water never repeats.
+CREATE TABLE tsoracle.lease (
+    lease_id          bigint PRIMARY KEY,
+    holder            text NOT NULL CHECK (octet_length(holder) BETWEEN 1 AND 128),
+    holder_epoch      bigint NOT NULL,
+    ts_upper_bound_ms bigint NOT NULL,
+    expires_at_ms     bigint NOT NULL,
+    ttl_ms            bigint NOT NULL CHECK (ttl_ms > 0),
+    superseded        boolean NOT NULL DEFAULT false,
+    granted_at        timestamptz NOT NULL DEFAULT now(),
+    renewed_at        timestamptz
+);
+COMMENT ON TABLE tsoracle.lease IS 'Live tsoracle leases; written only by the worker.';
+SELECT pg_catalog.pg_extension_config_dump('tsoracle.lease', '');
+
 REVOKE ALL ON SCHEMA tsoracle FROM PUBLIC;
 REVOKE ALL ON ALL TABLES IN SCHEMA tsoracle FROM PUBLIC;
 "#,
@@ -69,6 +87,21 @@ REVOKE ALL ON ALL TABLES IN SCHEMA tsoracle FROM PUBLIC;
 extension_sql!(
     r#"
 REVOKE EXECUTE ON FUNCTION tso_seed(bigint) FROM PUBLIC;
+
+-- Leases are a privilege: grant the role tsoracle_lease_holder (or EXECUTE) to holders.
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'tsoracle_lease_holder') THEN
+        CREATE ROLE tsoracle_lease_holder NOLOGIN;
+    END IF;
+END
+$$;
+REVOKE EXECUTE ON FUNCTION tso_lease_acquire(text, bigint, integer) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION tso_lease_renew(bigint) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION tso_lease_release(bigint) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION tso_lease_acquire(text, bigint, integer) TO tsoracle_lease_holder;
+GRANT EXECUTE ON FUNCTION tso_lease_renew(bigint) TO tsoracle_lease_holder;
+GRANT EXECUTE ON FUNCTION tso_lease_release(bigint) TO tsoracle_lease_holder;
 "#,
     name = "tsoracle_privileges",
     finalize

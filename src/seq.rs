@@ -32,7 +32,7 @@ fn start_of(key: &str, count: u64, reply: Reply) -> Result<i64, TsoError> {
         ReplyCode::Unknown => Err(TsoError::OutcomeUnknown(format!(
             "the tsoracle worker restarted while committing sequence \"{key}\""
         ))),
-        ReplyCode::Null => Err(TsoError::Internal("the worker answered an advance with NULL".into())),
+        other => Err(TsoError::Internal(format!("unexpected reply to a sequence advance: {other:?}"))),
     }
 }
 

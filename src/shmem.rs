@@ -75,6 +75,12 @@ pub enum RequestKind {
     #[default]
     SeqAdvance,
     SeqPeek,
+    /// name = holder, arg = holder epoch, count = TTL in ms.
+    LeaseAcquire,
+    /// arg = lease id.
+    LeaseRenew,
+    /// arg = lease id.
+    LeaseRelease,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -103,6 +109,10 @@ pub enum ReplyCode {
     Null,
     SeqOverflow,
     TooManyKeys,
+    StaleHolderEpoch,
+    LeaseNotFound,
+    LeaseNotRenewable,
+    TooManyLeases,
     /// The worker restarted while holding the request: it may or may not have committed.
     Unknown,
 }
@@ -116,6 +126,7 @@ pub struct Request {
     pub name_len: u8,
     pub name: [u8; NAME_BYTES],
     pub count: u64,
+    pub arg: i64,
 }
 
 impl Request {
@@ -124,7 +135,11 @@ impl Request {
         let mut buf = [0u8; NAME_BYTES];
         let len = name.len().min(NAME_BYTES);
         buf[..len].copy_from_slice(&name.as_bytes()[..len]);
-        Request { kind, batch: 0, name_len: len as u8, name: buf, count }
+        Request { kind, batch: 0, name_len: len as u8, name: buf, count, arg: 0 }
+    }
+
+    pub fn with_arg(self, arg: i64) -> Self {
+        Request { arg, ..self }
     }
 
     pub fn name(&self) -> &str {
@@ -143,7 +158,22 @@ impl Default for Request {
 #[repr(C)]
 pub struct Reply {
     pub code: ReplyCode,
+    /// The block's start, the peeked value, or the lease id.
     pub value: i64,
+    /// Leases: the bound, expiry and epoch granted.
+    pub bound_ms: i64,
+    pub expires_at_ms: i64,
+    pub epoch: i64,
+}
+
+impl Reply {
+    pub fn ok(value: i64) -> Self {
+        Reply { code: ReplyCode::Ok, value, ..Reply::default() }
+    }
+
+    pub fn err(code: ReplyCode) -> Self {
+        Reply { code, ..Reply::default() }
+    }
 }
 
 #[derive(Clone, Copy, Debug, Default)]
@@ -288,7 +318,7 @@ impl RequestQueue {
             match slot.state {
                 SlotState::Taken => {
                     slot.state = SlotState::Done;
-                    slot.reply = Reply { code: ReplyCode::Unknown, value: 0 };
+                    slot.reply = Reply::err(ReplyCode::Unknown);
                 }
                 SlotState::Abandoned => slot.state = SlotState::Free,
                 _ => {}
@@ -300,6 +330,40 @@ impl RequestQueue {
 unsafe impl PGRXSharedMemory for RequestQueue {}
 
 pub static QUEUE: PgLwLock<RequestQueue> = unsafe { PgLwLock::new(c"tsoracle_queue") };
+
+/// Most live leases (active or superseded) at once.
+pub const MAX_LEASES: usize = 1024;
+
+/// The bounds of the live leases, published by the worker after every change so that any
+/// backend can compute the safe frontier without asking it.
+#[derive(Clone, Copy, Debug)]
+#[repr(C)]
+pub struct LeaseBounds {
+    pub len: usize,
+    /// (ts_upper_bound_ms, expires_at_ms)
+    pub entries: [(u64, u64); MAX_LEASES],
+}
+
+impl Default for LeaseBounds {
+    fn default() -> Self {
+        LeaseBounds { len: 0, entries: [(0, 0); MAX_LEASES] }
+    }
+}
+
+impl LeaseBounds {
+    /// The lowest bound among leases still live at `now_ms`.
+    pub fn lowest_live_bound(&self, now_ms: u64) -> Option<u64> {
+        self.entries[..self.len.min(MAX_LEASES)]
+            .iter()
+            .filter(|&&(_, expires)| now_ms < expires)
+            .map(|&(bound, _)| bound)
+            .min()
+    }
+}
+
+unsafe impl PGRXSharedMemory for LeaseBounds {}
+
+pub static LEASE_BOUNDS: PgLwLock<LeaseBounds> = unsafe { PgLwLock::new(c"tsoracle_lease_bounds") };
 
 /// Lock-free signals between callers and the worker.
 #[repr(C)]
@@ -443,6 +507,7 @@ pub static SIGNALS: SharedSignals = SharedSignals::new(c"tsoracle_signals");
 pub fn init() {
     pgrx::pg_shmem_init!(ORACLE);
     pgrx::pg_shmem_init!(QUEUE);
+    pgrx::pg_shmem_init!(LEASE_BOUNDS);
     pgrx::pg_shmem_init!(SIGNALS = SignalsInit);
 }
 

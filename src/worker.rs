@@ -7,13 +7,16 @@
 
 use crate::clock::now_ms;
 use crate::guc;
-use crate::shmem::{self, Phase, Reply, ReplyCode, Request, RequestKind, Signals, Ticket, ORACLE, QUEUE};
+use crate::shmem::{
+    self, Phase, Reply, ReplyCode, Request, RequestKind, Signals, Ticket, LEASE_BOUNDS, MAX_LEASES, ORACLE, QUEUE,
+};
 use pgrx::bgworkers::{BackgroundWorker, BackgroundWorkerBuilder, BgWorkerStartTime, SignalWakeFlags};
 use pgrx::prelude::*;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 use tsoracle_core::allocator::WindowExtension;
 use tsoracle_core::error::CoreError;
+use tsoracle_core::lease::{AcquireOutcome, Lease, LeaseTable};
 use tsoracle_core::seq::{plan_group, SeqRequest};
 
 pub const WORKER_TYPE: &str = "tsoracle worker";
@@ -70,12 +73,13 @@ pub extern "C-unwind" fn tsoracle_worker_main(_arg: pg_sys::Datum) {
     .unwrap_or_else(|e| pgrx::error!("tsoracle worker could not configure its session: {e}"));
 
     pgrx::log!("tsoracle worker started (database \"{database}\")");
+    let mut worker = Worker { signals, leases: LeaseTable::new() };
     loop {
         if !wait_for_extension(signals, &database) {
             break;
         }
-        fence(signals, 0);
-        match serve(signals) {
+        worker.fence(0);
+        match worker.serve() {
             Stop::Exit => break,
             Stop::Refence => continue,
         }
@@ -123,170 +127,408 @@ fn wait_for_extension(signals: &Signals, database: &str) -> bool {
     }
 }
 
-/// The failover fence (DESIGN.md): stop serving, load the durable high-water, persist a
-/// bound above it at this timeline, seed the allocator, serve. `min_floor_ms` > 0 is a
-/// `tso_seed()` request.
-fn fence(signals: &Signals, min_floor_ms: u64) {
-    let started = Instant::now();
-    let remembered_ms = {
-        let mut st = ORACLE.exclusive();
-        st.allocator.step_down();
-        st.phase = Phase::Fencing;
-        st.max_committed_ms
-    };
-    signals.broadcast();
-
-    let timeline = unsafe { pg_sys::GetWALInsertionTimeLine() };
-    let advance = guc::failover_advance_ms();
-    let (floor_ms, high_water_ms, epoch) = BackgroundWorker::transaction(|| {
-        let prior = Spi::get_one::<i64>("SELECT physical_ms FROM tsoracle.high_water WHERE id")
-            .ok()
-            .flatten()
-            .unwrap_or(0)
-            .max(0) as u64;
-        let floor_ms = (prior.max(remembered_ms) + 1).max(now_ms()).max(min_floor_ms);
-        let requested = floor_ms.saturating_add(advance);
-        let (actual, epoch) = Spi::get_two_with_args::<i64, i64>(
-            "INSERT INTO tsoracle.high_water AS h (id, physical_ms, epoch) VALUES (true, $1, $2) \
-             ON CONFLICT (id) DO UPDATE SET physical_ms = GREATEST(h.physical_ms, EXCLUDED.physical_ms), \
-                 epoch = GREATEST(h.epoch, EXCLUDED.epoch), updated_at = now() \
-             RETURNING physical_ms, epoch",
-            &[(requested as i64).into(), i64::from(timeline).into()],
-        )
-        .unwrap_or_else(|e| pgrx::error!("tsoracle fence could not persist the high-water: {e}"));
-        let actual = actual.unwrap_or(0).max(0) as u64;
-        let epoch = epoch.unwrap_or(0).max(0) as u64;
-        (floor_ms, actual, epoch)
-    });
-    // Committed (and flushed, and replicated where synchronous standbys are required).
-    crate::replica::confirm_durable();
-
-    {
-        let mut st = ORACLE.exclusive();
-        if let Err(e) = st.allocator.become_leader(floor_ms, high_water_ms, epoch) {
-            drop(st);
-            pgrx::error!("tsoracle fence produced an invalid seed: {e}");
-        }
-        st.phase = Phase::Serving;
-        st.timeline = timeline;
-        st.max_committed_ms = st.max_committed_ms.max(high_water_ms);
-        st.fences += 1;
-        st.worker_commits += 1;
-        st.last_fence_us = started.elapsed().as_micros() as u64;
-        st.seeded_ms = st.seeded_ms.max(min_floor_ms);
-    }
-    signals.broadcast();
-    pgrx::log!(
-        "tsoracle fence complete: epoch {epoch} (timeline {timeline}), serving from {floor_ms} ms, high-water {high_water_ms} ms, took {:.1} ms",
-        started.elapsed().as_secs_f64() * 1000.0
-    );
+/// The worker's own memory: the lease table (durable copy in `tsoracle.lease`, bounds
+/// published to shared memory for `tso_safe_frontier()`).
+struct Worker {
+    signals: &'static Signals,
+    leases: LeaseTable,
 }
 
-/// Steady state: keep the window ahead of the clock, answer callers' requests.
-fn serve(signals: &Signals) -> Stop {
-    loop {
-        let window_ahead = guc::window_ahead_ms();
-        // Wake often enough to extend before half of the window is gone.
-        let tick = Duration::from_millis((window_ahead / 8).clamp(1, 200));
-        if !BackgroundWorker::wait_latch(Some(tick)) {
-            return Stop::Exit;
-        }
-        if BackgroundWorker::sighup_received() {
-            unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
-        }
-
-        let seed = signals.take_seed_request();
-        if seed > 0 {
-            fence(signals, seed);
-            continue;
-        }
-
-        serve_requests(signals);
-
-        let requested = signals.take_extension_request();
-        let now = now_ms();
-        let extension = {
-            let st = ORACLE.share();
-            if requested || st.allocator.needs_extension(now, window_ahead) {
-                st.allocator.prepare_window_extension(now, window_ahead).ok()
-            } else {
-                None
-            }
+impl Worker {
+    /// The failover fence (DESIGN.md): stop serving, load the durable high-water, persist a
+    /// bound above it at this timeline, reload the leases, seed the allocator, serve.
+    /// `min_floor_ms` > 0 is a `tso_seed()` request.
+    fn fence(&mut self, min_floor_ms: u64) {
+        let started = Instant::now();
+        let remembered_ms = {
+            let mut st = ORACLE.exclusive();
+            st.allocator.step_down();
+            st.phase = Phase::Fencing;
+            st.max_committed_ms
         };
-        if let Some(extension) = extension {
-            if !extend(signals, extension) {
-                return Stop::Refence;
+        self.signals.broadcast();
+
+        let timeline = unsafe { pg_sys::GetWALInsertionTimeLine() };
+        let advance = guc::failover_advance_ms();
+        let (floor_ms, high_water_ms, epoch, leases) = BackgroundWorker::transaction(|| {
+            let prior = Spi::get_one::<i64>("SELECT physical_ms FROM tsoracle.high_water WHERE id")
+                .ok()
+                .flatten()
+                .unwrap_or(0)
+                .max(0) as u64;
+            let now = now_ms();
+            let floor_ms = (prior.max(remembered_ms) + 1).max(now).max(min_floor_ms);
+            let requested = floor_ms.saturating_add(advance);
+            let (actual, epoch) = Spi::get_two_with_args::<i64, i64>(
+                "INSERT INTO tsoracle.high_water AS h (id, physical_ms, epoch) VALUES (true, $1, $2) \
+                 ON CONFLICT (id) DO UPDATE SET physical_ms = GREATEST(h.physical_ms, EXCLUDED.physical_ms), \
+                     epoch = GREATEST(h.epoch, EXCLUDED.epoch), updated_at = now() \
+                 RETURNING physical_ms, epoch",
+                &[(requested as i64).into(), i64::from(timeline).into()],
+            )
+            .unwrap_or_else(|e| pgrx::error!("tsoracle fence could not persist the high-water: {e}"));
+            let leases = load_leases(now);
+            (floor_ms, actual.unwrap_or(0).max(0) as u64, epoch.unwrap_or(0).max(0) as u64, leases)
+        });
+        // Committed (and flushed, and replicated where synchronous standbys are required).
+        crate::replica::confirm_durable();
+        self.leases = leases;
+        self.publish_lease_bounds();
+
+        {
+            let mut st = ORACLE.exclusive();
+            if let Err(e) = st.allocator.become_leader(floor_ms, high_water_ms, epoch) {
+                drop(st);
+                pgrx::error!("tsoracle fence produced an invalid seed: {e}");
+            }
+            st.phase = Phase::Serving;
+            st.timeline = timeline;
+            st.max_committed_ms = st.max_committed_ms.max(high_water_ms);
+            st.fences += 1;
+            st.worker_commits += 1;
+            st.last_fence_us = started.elapsed().as_micros() as u64;
+            st.seeded_ms = st.seeded_ms.max(min_floor_ms);
+        }
+        self.signals.broadcast();
+        pgrx::log!(
+            "tsoracle fence complete: epoch {epoch} (timeline {timeline}), serving from {floor_ms} ms, high-water {high_water_ms} ms, {} live leases, took {:.1} ms",
+            self.leases.len(),
+            started.elapsed().as_secs_f64() * 1000.0
+        );
+    }
+
+    /// Steady state: keep the window ahead of the clock, answer callers' requests.
+    fn serve(&mut self) -> Stop {
+        loop {
+            let window_ahead = guc::window_ahead_ms();
+            // Wake often enough to extend before half of the window is gone.
+            let tick = Duration::from_millis((window_ahead / 8).clamp(1, 200));
+            if !BackgroundWorker::wait_latch(Some(tick)) {
+                return Stop::Exit;
+            }
+            if BackgroundWorker::sighup_received() {
+                unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
+            }
+
+            let seed = self.signals.take_seed_request();
+            if seed > 0 {
+                self.fence(seed);
+                continue;
+            }
+
+            self.serve_requests();
+            self.expire_leases();
+
+            let requested = self.signals.take_extension_request();
+            let now = now_ms();
+            let extension = {
+                let st = ORACLE.share();
+                if requested || st.allocator.needs_extension(now, window_ahead) {
+                    st.allocator.prepare_window_extension(now, window_ahead).ok()
+                } else {
+                    None
+                }
+            };
+            if let Some(extension) = extension {
+                if !self.extend(extension) {
+                    return Stop::Refence;
+                }
             }
         }
     }
-}
 
-/// Persist a wider window (monotonic, epoch-checked) and let the allocator use it.
-/// False when the durable row is not ours any more and the fence must run again.
-fn extend(signals: &Signals, extension: WindowExtension) -> bool {
-    let actual = BackgroundWorker::transaction(|| {
-        Spi::get_one_with_args::<i64>(
-            "UPDATE tsoracle.high_water SET physical_ms = GREATEST(physical_ms, $1), updated_at = now() \
-             WHERE id AND epoch = $2 RETURNING physical_ms",
-            &[(extension.requested_ms as i64).into(), (extension.epoch as i64).into()],
-        )
-    });
-    let actual = match actual {
-        Ok(Some(ms)) if ms >= 0 => ms as u64,
-        // No row at our epoch: the table was recreated or restored underneath us.
-        Ok(_) | Err(_) => {
+    /// Persist a wider window (monotonic, epoch-checked) and let the allocator use it.
+    /// False when the durable row is not ours any more and the fence must run again.
+    fn extend(&mut self, extension: WindowExtension) -> bool {
+        let actual = BackgroundWorker::transaction(|| persist_high_water(extension));
+        let Some(actual) = actual else {
+            // No row at our epoch: the table was recreated or restored underneath us.
             pgrx::warning!("tsoracle high-water row is missing or at another epoch; running the fence again");
             return false;
+        };
+        crate::replica::confirm_durable();
+        match self.commit_high_water(actual, extension.epoch) {
+            Ok(()) => {
+                ORACLE.exclusive().window_extensions += 1;
+                true
+            }
+            Err(e) => {
+                pgrx::warning!("tsoracle window extension rejected ({e}); running the fence again");
+                false
+            }
         }
-    };
-    crate::replica::confirm_durable();
+    }
 
-    let result = {
-        let mut st = ORACLE.exclusive();
-        let result = st.allocator.commit_window_extension(actual, extension.epoch);
-        if result.is_ok() {
-            st.window_extensions += 1;
-            st.worker_commits += 1;
-            st.max_committed_ms = st.max_committed_ms.max(actual);
-        }
+    /// Let the allocator serve up to a high-water that is now durable.
+    fn commit_high_water(&self, actual_ms: u64, epoch: u64) -> Result<(), CoreError> {
+        let result = {
+            let mut st = ORACLE.exclusive();
+            let result = st.allocator.commit_window_extension(actual_ms, epoch);
+            if result.is_ok() {
+                st.worker_commits += 1;
+                st.max_committed_ms = st.max_committed_ms.max(actual_ms);
+            }
+            result
+        };
+        self.signals.broadcast();
         result
-    };
-    signals.broadcast();
-    match result {
-        Ok(()) => true,
-        Err(e) => {
-            pgrx::warning!("tsoracle window extension rejected ({e}); running the fence again");
-            false
+    }
+
+    /// Group commit: take every pending request into ONE transaction, commit once (with
+    /// `synchronous_commit = on`), then answer them all.
+    fn serve_requests(&mut self) {
+        let taken = QUEUE.exclusive().take_pending();
+        if taken.is_empty() {
+            return;
         }
+        let now = now_ms();
+        let (window, epoch) = {
+            let st = ORACLE.share();
+            (st.allocator.high_water_ms(), st.allocator.epoch().unwrap_or(0))
+        };
+        let mut leases = self.leases.clone();
+        let requests = taken.clone();
+        let (replies, high_water, leases) = BackgroundWorker::transaction(move || {
+            let mut replies = advance_sequences(&requests);
+            let high_water = mutate_leases(&requests, &mut replies, &mut leases, now, window, epoch);
+            (replies, high_water, leases)
+        });
+        crate::replica::confirm_durable();
+        self.leases = leases;
+        self.publish_lease_bounds();
+        if high_water > window {
+            if let Err(e) = self.commit_high_water(high_water, epoch) {
+                // The requests are committed; the allocator simply keeps its smaller window.
+                pgrx::warning!("tsoracle could not widen the window after lease grants: {e}");
+            }
+        } else {
+            ORACLE.exclusive().worker_commits += 1;
+        }
+        {
+            let mut queue = QUEUE.exclusive();
+            for (&(ticket, _), reply) in taken.iter().zip(replies) {
+                queue.answer(ticket, reply);
+            }
+            queue.group_commits += 1;
+            queue.grouped_requests += taken.len() as u64;
+        }
+        self.signals.broadcast_answers();
+    }
+
+    /// Drop expired leases from memory and from the table.
+    fn expire_leases(&mut self) {
+        let now = now_ms();
+        if self.leases.iter().all(|l| l.is_live(now)) {
+            return;
+        }
+        BackgroundWorker::transaction(|| {
+            Spi::run_with_args("DELETE FROM tsoracle.lease WHERE expires_at_ms <= $1", &[(now as i64).into()])
+        })
+        .unwrap_or_else(|e| pgrx::error!("tsoracle could not delete expired leases: {e}"));
+        self.leases.expire(now);
+        self.publish_lease_bounds();
+    }
+
+    fn publish_lease_bounds(&self) {
+        let mut bounds = LEASE_BOUNDS.exclusive();
+        let mut len = 0;
+        for lease in self.leases.iter().take(MAX_LEASES) {
+            bounds.entries[len] = (lease.ts_upper_bound_ms, lease.expires_at_ms);
+            len += 1;
+        }
+        bounds.len = len;
     }
 }
 
-/// Group commit: take every pending request into ONE transaction, commit once (with
-/// `synchronous_commit = on`), then answer them all.
-fn serve_requests(signals: &Signals) {
-    let taken = QUEUE.exclusive().take_pending();
-    if taken.is_empty() {
-        return;
+/// `UPDATE … GREATEST … WHERE epoch = $2`: the one monotonic path to the high-water.
+/// None when the row is not at our epoch.
+fn persist_high_water(extension: WindowExtension) -> Option<u64> {
+    Spi::get_one_with_args::<i64>(
+        "UPDATE tsoracle.high_water SET physical_ms = GREATEST(physical_ms, $1), updated_at = now() \
+         WHERE id AND epoch = $2 RETURNING physical_ms",
+        &[(extension.requested_ms as i64).into(), (extension.epoch as i64).into()],
+    )
+    .ok()
+    .flatten()
+    .and_then(|ms| u64::try_from(ms).ok())
+}
+
+/// The durable leases, without those already expired at `now_ms` (deleted here).
+fn load_leases(now_ms: u64) -> LeaseTable {
+    Spi::run_with_args("DELETE FROM tsoracle.lease WHERE expires_at_ms <= $1", &[(now_ms as i64).into()])
+        .unwrap_or_else(|e| pgrx::error!("tsoracle could not delete expired leases: {e}"));
+    let rows = Spi::connect(|client| {
+        client
+            .select(
+                "SELECT lease_id, holder, holder_epoch, ts_upper_bound_ms, expires_at_ms, ttl_ms, superseded \
+                 FROM tsoracle.lease ORDER BY lease_id",
+                None,
+                &[],
+            )?
+            .map(|row| {
+                Ok(Lease {
+                    id: row.get::<i64>(1)?.unwrap_or(0),
+                    holder: row.get::<String>(2)?.unwrap_or_default(),
+                    holder_epoch: row.get::<i64>(3)?.unwrap_or(0),
+                    ts_upper_bound_ms: row.get::<i64>(4)?.unwrap_or(0).max(0) as u64,
+                    expires_at_ms: row.get::<i64>(5)?.unwrap_or(0).max(0) as u64,
+                    ttl_ms: row.get::<i64>(6)?.unwrap_or(0).max(0) as u64,
+                    superseded: row.get::<bool>(7)?.unwrap_or(false),
+                })
+            })
+            .collect::<Result<Vec<Lease>, pgrx::spi::Error>>()
+    })
+    .unwrap_or_else(|e| pgrx::error!("tsoracle could not load the leases: {e}"));
+    LeaseTable::load(rows, now_ms).unwrap_or_else(|e| pgrx::error!("tsoracle lease table is inconsistent: {e}"))
+}
+
+/// The lease part of a group commit, in queue order, on the worker's copy of the table.
+/// Every acquire and renewal first moves the high-water to at least
+/// `max(high_water + 1, now) + ttl` (seeds: "Serving leases"), and its bound is that
+/// durable value. Returns the high-water after the group.
+fn mutate_leases(
+    taken: &[(Ticket, Request)],
+    replies: &mut [Reply],
+    leases: &mut LeaseTable,
+    now: u64,
+    high_water: u64,
+    epoch: u64,
+) -> u64 {
+    let mut high_water = high_water;
+    let mut writes: Vec<LeaseWrite> = Vec::new();
+    for (i, (_, r)) in taken.iter().enumerate() {
+        let reply = match r.kind {
+            RequestKind::LeaseAcquire => {
+                let (holder, holder_epoch, ttl) = (r.name(), r.arg, r.count);
+                match leases.active_lease(holder, now) {
+                    Some(l) if l.holder_epoch == holder_epoch => lease_reply(l, epoch),
+                    Some(l) if holder_epoch < l.holder_epoch => Reply::err(ReplyCode::StaleHolderEpoch),
+                    _ if leases.len() >= MAX_LEASES => Reply::err(ReplyCode::TooManyLeases),
+                    _ => {
+                        let bound = high_water.max(now.saturating_sub(1)).saturating_add(1).saturating_add(ttl);
+                        match leases.acquire(holder, holder_epoch, ttl, now, bound, bound as i64) {
+                            Ok(AcquireOutcome::New { lease, superseded }) => {
+                                high_water = bound;
+                                writes.push(LeaseWrite::Insert(lease.clone()));
+                                if let Some(old) = superseded {
+                                    writes.push(LeaseWrite::Supersede(old));
+                                }
+                                lease_reply(&lease, epoch)
+                            }
+                            Ok(AcquireOutcome::Existing(lease)) => lease_reply(&lease, epoch),
+                            Err(CoreError::StaleHolderEpoch { .. }) => Reply::err(ReplyCode::StaleHolderEpoch),
+                            Err(_) => Reply::err(ReplyCode::Unknown),
+                        }
+                    }
+                }
+            }
+            RequestKind::LeaseRenew => match leases.get(r.arg) {
+                None => Reply::err(ReplyCode::LeaseNotFound),
+                Some(l) if !l.is_active(now) => Reply::err(ReplyCode::LeaseNotRenewable),
+                Some(l) => {
+                    let ttl = l.ttl_ms;
+                    let bound = high_water.max(now.saturating_sub(1)).saturating_add(1).saturating_add(ttl);
+                    match leases.renew(r.arg, ttl, now, bound) {
+                        Ok(lease) => {
+                            high_water = high_water.max(bound);
+                            writes.push(LeaseWrite::Renew(lease.clone()));
+                            lease_reply(&lease, epoch)
+                        }
+                        Err(CoreError::LeaseNotFound(_)) => Reply::err(ReplyCode::LeaseNotFound),
+                        Err(_) => Reply::err(ReplyCode::LeaseNotRenewable),
+                    }
+                }
+            },
+            RequestKind::LeaseRelease => {
+                if leases.release(r.arg).is_some() {
+                    writes.push(LeaseWrite::Delete(r.arg));
+                }
+                Reply::ok(r.arg)
+            }
+            RequestKind::SeqAdvance | RequestKind::SeqPeek => continue,
+        };
+        replies[i] = reply;
     }
-    let replies = BackgroundWorker::transaction(|| advance_sequences(&taken));
-    crate::replica::confirm_durable();
-    {
-        let mut queue = QUEUE.exclusive();
-        for (&(ticket, _), reply) in taken.iter().zip(replies) {
-            queue.answer(ticket, reply);
+    if writes.is_empty() {
+        return high_water;
+    }
+    // The bounds must be durable before (in the same commit as) the leases that carry them.
+    if high_water > 0 {
+        let extension = WindowExtension { requested_ms: high_water, epoch };
+        match persist_high_water(extension) {
+            Some(actual) if actual >= high_water => high_water = actual,
+            _ => pgrx::error!("tsoracle high-water row is missing or at another epoch; leases not granted"),
         }
-        queue.group_commits += 1;
-        queue.grouped_requests += taken.len() as u64;
     }
-    ORACLE.exclusive().worker_commits += 1;
-    signals.broadcast_answers();
+    for write in writes {
+        write.execute();
+    }
+    high_water
+}
+
+fn lease_reply(lease: &Lease, epoch: u64) -> Reply {
+    Reply {
+        code: ReplyCode::Ok,
+        value: lease.id,
+        bound_ms: lease.ts_upper_bound_ms as i64,
+        expires_at_ms: lease.expires_at_ms as i64,
+        epoch: epoch as i64,
+    }
+}
+
+/// One change to `tsoracle.lease`, made inside the group's transaction.
+enum LeaseWrite {
+    Insert(Lease),
+    Supersede(i64),
+    Renew(Lease),
+    Delete(i64),
+}
+
+impl LeaseWrite {
+    fn execute(self) {
+        let result = match self {
+            LeaseWrite::Insert(l) => Spi::run_with_args(
+                "INSERT INTO tsoracle.lease (lease_id, holder, holder_epoch, ts_upper_bound_ms, expires_at_ms, ttl_ms) \
+                 VALUES ($1, $2, $3, $4, $5, $6)",
+                &[
+                    l.id.into(),
+                    l.holder.into(),
+                    l.holder_epoch.into(),
+                    (l.ts_upper_bound_ms as i64).into(),
+                    (l.expires_at_ms as i64).into(),
+                    (l.ttl_ms as i64).into(),
+                ],
+            ),
+            LeaseWrite::Supersede(id) => {
+                Spi::run_with_args("UPDATE tsoracle.lease SET superseded = true WHERE lease_id = $1", &[id.into()])
+            }
+            LeaseWrite::Renew(l) => Spi::run_with_args(
+                "UPDATE tsoracle.lease SET ts_upper_bound_ms = $2, expires_at_ms = $3, renewed_at = now() WHERE lease_id = $1",
+                &[l.id.into(), (l.ts_upper_bound_ms as i64).into(), (l.expires_at_ms as i64).into()],
+            ),
+            LeaseWrite::Delete(id) => {
+                Spi::run_with_args("DELETE FROM tsoracle.lease WHERE lease_id = $1", &[id.into()])
+            }
+        };
+        result.unwrap_or_else(|e| pgrx::error!("tsoracle could not write a lease: {e}"));
+    }
 }
 
 /// The sequence part of a group commit: read the touched counters (locked), plan every
 /// block in queue order (pure, `plan_group`), write each moved counter once.
 fn advance_sequences(taken: &[(Ticket, Request)]) -> Vec<Reply> {
+    let mut replies = vec![Reply::default(); taken.len()];
+    let seq: Vec<(usize, &Request)> = taken
+        .iter()
+        .enumerate()
+        .filter(|(_, (_, r))| matches!(r.kind, RequestKind::SeqAdvance | RequestKind::SeqPeek))
+        .map(|(i, (_, r))| (i, r))
+        .collect();
+    if seq.is_empty() {
+        return replies;
+    }
     let keys: Vec<String> = {
-        let mut keys: Vec<String> = taken.iter().map(|(_, r)| r.name().to_string()).collect();
+        let mut keys: Vec<String> = seq.iter().map(|(_, r)| r.name().to_string()).collect();
         keys.sort_unstable();
         keys.dedup();
         keys
@@ -302,11 +544,10 @@ fn advance_sequences(taken: &[(Ticket, Request)]) -> Vec<Reply> {
     })
     .unwrap_or_else(|e| pgrx::error!("tsoracle could not read the sequence counters: {e}"));
 
-    let advances: Vec<(usize, SeqRequest)> = taken
+    let advances: Vec<(usize, SeqRequest)> = seq
         .iter()
-        .enumerate()
-        .filter(|(_, (_, r))| r.kind == RequestKind::SeqAdvance)
-        .map(|(i, (_, r))| (i, SeqRequest { batch: r.batch, key: r.name(), count: r.count }))
+        .filter(|(_, r)| r.kind == RequestKind::SeqAdvance)
+        .map(|&(i, r)| (i, SeqRequest { batch: r.batch, key: r.name(), count: r.count }))
         .collect();
     let creates_keys = advances.iter().any(|(_, r)| !current.contains_key(r.key));
     let existing_keys = if creates_keys {
@@ -331,21 +572,20 @@ fn advance_sequences(taken: &[(Ticket, Request)]) -> Vec<Reply> {
         .unwrap_or_else(|e| pgrx::error!("tsoracle could not advance the sequence counters: {e}"));
     }
 
-    let mut replies = vec![Reply::default(); taken.len()];
     for ((i, _), result) in advances.iter().zip(&plan.results) {
         replies[*i] = match result {
-            Ok(start) => Reply { code: ReplyCode::Ok, value: *start },
-            Err(CoreError::SeqOverflow { .. }) => Reply { code: ReplyCode::SeqOverflow, value: 0 },
-            Err(_) => Reply { code: ReplyCode::TooManyKeys, value: 0 },
+            Ok(start) => Reply::ok(*start),
+            Err(CoreError::SeqOverflow { .. }) => Reply::err(ReplyCode::SeqOverflow),
+            Err(_) => Reply::err(ReplyCode::TooManyKeys),
         };
     }
     // Peeks see the counters as this group leaves them.
     let after: HashMap<&str, i64> = plan.updates.iter().map(|(k, v)| (k.as_str(), *v)).collect();
-    for (i, (_, r)) in taken.iter().enumerate() {
+    for &(i, r) in &seq {
         if r.kind == RequestKind::SeqPeek {
             replies[i] = match after.get(r.name()).or_else(|| current.get(r.name())) {
-                Some(&next) => Reply { code: ReplyCode::Ok, value: next },
-                None => Reply { code: ReplyCode::Null, value: 0 },
+                Some(&next) => Reply::ok(next),
+                None => Reply::err(ReplyCode::Null),
             };
         }
     }

@@ -19,6 +19,8 @@ pub struct Lease {
     pub holder_epoch: i64,
     pub ts_upper_bound_ms: u64,
     pub expires_at_ms: u64,
+    /// The TTL it was acquired with; a renewal re-arms it.
+    pub ttl_ms: u64,
     pub superseded: bool,
 }
 
@@ -148,6 +150,7 @@ impl LeaseTable {
                 holder_epoch,
                 ts_upper_bound_ms: new_bound_ms,
                 expires_at_ms: now_ms.saturating_add(ttl_ms),
+                ttl_ms,
                 superseded: false,
             },
             superseded: active.map(|l| l.id),

@@ -102,6 +102,7 @@ impl Model {
                 holder_epoch: epoch,
                 ts_upper_bound_ms: self.high_water,
                 expires_at_ms: self.now + ttl,
+                ttl_ms: ttl,
                 superseded: false,
             },
             superseded: active.map(|a| a.id),

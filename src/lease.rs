@@ -1,0 +1,219 @@
+//! SQL surface of leases and the safe frontier. A lease lets a holder stamp timestamps
+//! itself, with physical_ms up to a bound the oracle has already made durable, until the
+//! lease expires. Every mutation is a request to the worker (the only durable writer).
+
+use crate::clock::now_ms;
+use crate::error::{OrReport, TsoError};
+use crate::guc;
+use crate::oracle::{ensure_primary, not_serving, submit, wait_for_worker};
+use crate::shmem::{self, Phase, Reply, ReplyCode, Request, RequestKind, LEASE_BOUNDS, MAX_LEASES, ORACLE};
+use pgrx::prelude::*;
+use tsoracle_core::lease::{validate_holder, validate_ttl};
+
+fn lease_error(code: ReplyCode, lease_id: i64, holder: &str) -> TsoError {
+    match code {
+        ReplyCode::StaleHolderEpoch => TsoError::StaleLease(format!(
+            "holder \"{holder}\" already holds a lease at a higher holder_epoch"
+        )),
+        ReplyCode::LeaseNotFound => TsoError::NotFound(format!("lease {lease_id} does not exist")),
+        ReplyCode::LeaseNotRenewable => {
+            TsoError::StaleLease(format!("lease {lease_id} is expired or superseded and cannot be renewed"))
+        }
+        ReplyCode::TooManyLeases => TsoError::TooManyLeases(MAX_LEASES),
+        ReplyCode::Unknown => TsoError::OutcomeUnknown("the tsoracle worker restarted while granting the lease".into()),
+        other => TsoError::Internal(format!("unexpected reply to a lease request: {other:?}")),
+    }
+}
+
+fn one_reply(request: Request) -> Result<Reply, TsoError> {
+    submit(&[request])?.first().copied().ok_or_else(|| TsoError::Internal("no reply".into()))
+}
+
+/// Acquire (or idempotently get back) the lease of `holder` at `holder_epoch`.
+#[allow(clippy::type_complexity)]
+#[pg_extern(volatile, parallel_unsafe)]
+fn tso_lease_acquire(
+    holder: Option<&str>,
+    holder_epoch: Option<i64>,
+    ttl_ms: Option<i32>,
+) -> TableIterator<
+    'static,
+    (name!(lease_id, i64), name!(ts_upper_bound, i64), name!(expires_at_ms, i64), name!(epoch, i32)),
+> {
+    TableIterator::once(acquire(holder, holder_epoch, ttl_ms).or_report())
+}
+
+fn acquire(holder: Option<&str>, holder_epoch: Option<i64>, ttl_ms: Option<i32>) -> Result<(i64, i64, i64, i32), TsoError> {
+    let holder = holder.ok_or_else(|| TsoError::InvalidArgument("holder must not be NULL".into()))?;
+    validate_holder(holder)?;
+    let holder_epoch = holder_epoch.ok_or_else(|| TsoError::InvalidArgument("holder_epoch must not be NULL".into()))?;
+    let ttl_ms = ttl_ms.ok_or_else(|| TsoError::InvalidArgument("ttl_ms must not be NULL".into()))?;
+    let ttl = validate_ttl(i64::from(ttl_ms), guc::lease_ttl_min_ms(), guc::lease_ttl_max_ms())?;
+    ensure_primary("grant leases")?;
+    let reply = one_reply(Request::new(RequestKind::LeaseAcquire, holder, ttl).with_arg(holder_epoch))?;
+    match reply.code {
+        ReplyCode::Ok => Ok((reply.value, reply.bound_ms, reply.expires_at_ms, reply.epoch as i32)),
+        code => Err(lease_error(code, 0, holder)),
+    }
+}
+
+/// Re-arm a lease's TTL and advance its bound.
+#[allow(clippy::type_complexity)]
+#[pg_extern(volatile, parallel_unsafe, strict)]
+fn tso_lease_renew(
+    lease_id: i64,
+) -> TableIterator<'static, (name!(ts_upper_bound, i64), name!(expires_at_ms, i64), name!(epoch, i32))> {
+    TableIterator::once(renew(lease_id).or_report())
+}
+
+fn renew(lease_id: i64) -> Result<(i64, i64, i32), TsoError> {
+    ensure_primary("renew leases")?;
+    let reply = one_reply(Request::new(RequestKind::LeaseRenew, "", 0).with_arg(lease_id))?;
+    match reply.code {
+        ReplyCode::Ok => Ok((reply.bound_ms, reply.expires_at_ms, reply.epoch as i32)),
+        code => Err(lease_error(code, lease_id, "")),
+    }
+}
+
+/// Remove a lease from the frontier at once; idempotent.
+#[pg_extern(volatile, parallel_unsafe, strict)]
+fn tso_lease_release(lease_id: i64) {
+    release(lease_id).or_report()
+}
+
+fn release(lease_id: i64) -> Result<(), TsoError> {
+    ensure_primary("release leases")?;
+    let reply = one_reply(Request::new(RequestKind::LeaseRelease, "", 0).with_arg(lease_id))?;
+    match reply.code {
+        ReplyCode::Ok => Ok(()),
+        code => Err(lease_error(code, lease_id, "")),
+    }
+}
+
+/// The minimum of the committed high-water and the bound of every unexpired lease (active
+/// or superseded), in physical ms. Errors like `tso_next()` on a standby or before the fence.
+#[pg_extern(volatile, parallel_unsafe)]
+fn tso_safe_frontier() -> i64 {
+    safe_frontier().or_report()
+}
+
+fn safe_frontier() -> Result<i64, TsoError> {
+    let signals = shmem::signals()?;
+    ensure_primary("compute the safe frontier")?;
+    let mut phase = Phase::Starting;
+    let high_water = wait_for_worker(signals, || {
+        let st = ORACLE.share();
+        phase = st.phase;
+        Ok((st.phase == Phase::Serving).then(|| st.allocator.high_water_ms()))
+    })?
+    .ok_or_else(|| not_serving(signals, phase))?;
+    let now = now_ms();
+    let lowest = LEASE_BOUNDS.share().lowest_live_bound(now);
+    Ok(lowest.map_or(high_water, |b| b.min(high_water)) as i64)
+}
+
+#[cfg(any(test, feature = "pg_test"))]
+#[pg_schema]
+mod tests {
+    use super::*;
+    use crate::testing::sqlstate_of;
+    use pgrx::PgSqlErrorCode::*;
+
+    #[pg_test]
+    fn acquire_is_durable_idempotent_and_above_the_high_water() {
+        let before = ORACLE.share().allocator.high_water_ms() as i64;
+        let now = now_ms() as i64;
+        let (id, bound, expires, epoch) = acquire(Some("idem"), Some(1), Some(10_000)).unwrap();
+        assert!(bound >= before + 1 + 10_000, "bound {bound} moves past the old high-water {before} by the TTL");
+        assert!(bound >= now + 10_000);
+        assert_eq!(id, bound, "the id is the acquire-time bound");
+        assert!(expires >= now + 10_000 && expires <= now_ms() as i64 + 10_000);
+        assert!(epoch >= 1);
+        let durable = Spi::get_one::<i64>("SELECT physical_ms FROM tsoracle.high_water").unwrap().unwrap();
+        assert!(durable >= bound, "the bound is durable");
+        let row = Spi::get_one_with_args::<i64>(
+            "SELECT ts_upper_bound_ms FROM tsoracle.lease WHERE lease_id = $1",
+            &[id.into()],
+        )
+        .unwrap();
+        assert_eq!(row, Some(bound), "the lease record is durable");
+        // Same holder and epoch while live: the same lease, no new bound.
+        assert_eq!(acquire(Some("idem"), Some(1), Some(10_000)).unwrap(), (id, bound, expires, epoch));
+        assert!(tso_safe_frontier() <= bound);
+        release(id).unwrap();
+    }
+
+    #[pg_test]
+    fn a_higher_holder_epoch_supersedes_and_a_lower_one_is_55000() {
+        let (old, old_bound, ..) = acquire(Some("sup"), Some(5), Some(10_000)).unwrap();
+        let (new, new_bound, ..) = acquire(Some("sup"), Some(6), Some(10_000)).unwrap();
+        assert_ne!(old, new);
+        assert!(new_bound > old_bound);
+        let superseded = Spi::get_one_with_args::<bool>(
+            "SELECT superseded FROM tsoracle.lease WHERE lease_id = $1",
+            &[old.into()],
+        )
+        .unwrap();
+        assert_eq!(superseded, Some(true));
+        assert_eq!(sqlstate_of(|| renew(old).or_report()), ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE, "superseded cannot renew");
+        assert!(tso_safe_frontier() <= old_bound, "a superseded lease still holds the frontier");
+        assert_eq!(sqlstate_of(|| acquire(Some("sup"), Some(4), Some(10_000)).or_report()), ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE);
+        let (bound, _, _) = renew(new).unwrap();
+        assert!(bound > new_bound, "a renewal advances the bound");
+        release(old).unwrap();
+        release(new).unwrap();
+    }
+
+    #[pg_test]
+    fn release_is_idempotent_and_unknown_renew_is_p0002() {
+        let (id, ..) = acquire(Some("rel"), Some(1), Some(10_000)).unwrap();
+        release(id).unwrap();
+        release(id).unwrap();
+        release(42).unwrap();
+        assert_eq!(sqlstate_of(|| renew(id).or_report()), ERRCODE_NO_DATA_FOUND);
+        assert_eq!(sqlstate_of(|| renew(-1).or_report()), ERRCODE_NO_DATA_FOUND);
+        let gone = Spi::get_one_with_args::<i64>("SELECT count(*) FROM tsoracle.lease WHERE lease_id = $1", &[id.into()]).unwrap();
+        assert_eq!(gone, Some(0));
+    }
+
+    #[pg_test]
+    fn bad_lease_arguments_are_22023() {
+        for ttl in [4_999, 300_001, 0, -1] {
+            assert_eq!(sqlstate_of(move || acquire(Some("bad"), Some(1), Some(ttl)).or_report()), ERRCODE_INVALID_PARAMETER_VALUE, "ttl {ttl}");
+        }
+        assert_eq!(sqlstate_of(|| acquire(Some("bad"), Some(1), None).or_report()), ERRCODE_INVALID_PARAMETER_VALUE);
+        assert_eq!(sqlstate_of(|| acquire(Some(""), Some(1), Some(10_000)).or_report()), ERRCODE_INVALID_PARAMETER_VALUE);
+        assert_eq!(sqlstate_of(|| acquire(None, Some(1), Some(10_000)).or_report()), ERRCODE_INVALID_PARAMETER_VALUE);
+        assert_eq!(sqlstate_of(|| acquire(Some("bad"), None, Some(10_000)).or_report()), ERRCODE_INVALID_PARAMETER_VALUE);
+        let long = "h".repeat(129);
+        assert_eq!(sqlstate_of(move || acquire(Some(&long), Some(1), Some(10_000)).or_report()), ERRCODE_INVALID_PARAMETER_VALUE);
+    }
+
+    #[pg_test]
+    fn the_frontier_never_exceeds_the_high_water() {
+        let frontier = tso_safe_frontier();
+        assert!(frontier <= ORACLE.share().allocator.high_water_ms() as i64);
+        assert!(frontier > 0);
+    }
+
+    #[pg_test]
+    fn leases_are_a_privilege() {
+        Spi::run("CREATE ROLE tso_no_lease NOLOGIN; CREATE ROLE tso_lessee NOLOGIN IN ROLE tsoracle_lease_holder").unwrap();
+        let can = |role: &str, f: &str| {
+            Spi::get_one::<bool>(&format!("SELECT has_function_privilege('{role}', '{f}', 'EXECUTE')")).unwrap().unwrap()
+        };
+        for f in ["tso_lease_acquire(text, bigint, integer)", "tso_lease_renew(bigint)", "tso_lease_release(bigint)"] {
+            assert!(!can("tso_no_lease", f), "PUBLIC must not execute {f}");
+            assert!(can("tso_lessee", f), "tsoracle_lease_holder executes {f}");
+        }
+        assert!(can("tso_no_lease", "tso_safe_frontier()"));
+        for privilege in ["SELECT", "INSERT", "UPDATE", "DELETE"] {
+            let granted = Spi::get_one::<bool>(&format!(
+                "SELECT has_table_privilege('tso_lessee', 'tsoracle.lease', '{privilege}')"
+            ))
+            .unwrap()
+            .unwrap();
+            assert!(!granted, "{privilege} on tsoracle.lease");
+        }
+    }
+}
