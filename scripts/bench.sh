@@ -11,12 +11,22 @@
 # Knobs (environment): BENCH_SECONDS (pgbench -T per run, default 8), BENCH_REPS (default 3),
 # BENCH_CLIENTS (default "8 32"), BENCH_PERCALL_N (rows for the per-call rows, default 2000000),
 # BENCH_P99_WINDOW_MS (tsoracle.window_ahead_ms during the p99 runs, default 50),
-# BENCH_KEEP=1 keeps the work directory (logs, per-transaction logs) for inspection.
+# BENCH_KEEP=1 keeps the work directory (logs, per-transaction logs) for inspection,
+# BENCH_SO / BENCH_EXT_DIR benchmark another tsoracle.so / extension SQL directory than the
+# installed ones (default: /usr/lib/postgresql/15/lib/tsoracle.so and .../extension).
+#
+# The server runs from a private snapshot of the PostgreSQL 15 installation (postgres,
+# pg_ctl, initdb, the libraries, the share directory) taken at the start, with tsoracle.so and
+# its SQL copied in: PostgreSQL finds pkglibdir and sharedir relative to its executable, so
+# the benchmark measures one consistent build even if tsoracle is reinstalled meanwhile (an
+# in-place reinstall under a running server crashes it).
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 HERE="$ROOT/scripts/bench"
-BIN=/usr/lib/postgresql/15/bin
+SYSBIN=/usr/lib/postgresql/15/bin            # clients: psql, pgbench
+SRC_SO=${BENCH_SO:-/usr/lib/postgresql/15/lib/tsoracle.so}
+SRC_EXT=${BENCH_EXT_DIR:-/usr/share/postgresql/15/extension}
 SECS=${BENCH_SECONDS:-8}
 REPS=${BENCH_REPS:-3}
 CLIENTS=${BENCH_CLIENTS:-"8 32"}
@@ -28,8 +38,9 @@ BATCH_CLIENTS=8
 die() { echo "bench: $*" >&2; exit 1; }
 as_pg() { runuser -u postgres -- "$@"; }
 [ "$(id -u)" = 0 ] || die "run as root (initdb/pg_ctl run as the postgres OS user via runuser)"
-[ -x "$BIN/pgbench" ] || die "$BIN/pgbench not found (apt-get install postgresql-15)"
-[ -f /usr/lib/postgresql/15/lib/tsoracle.so ] || die "tsoracle is not installed (make install)"
+[ -x "$SYSBIN/pgbench" ] || die "$SYSBIN/pgbench not found (apt-get install postgresql-15)"
+[ -f "$SRC_SO" ] || die "$SRC_SO not found (make install)"
+[ -f "$SRC_EXT/tsoracle.control" ] || die "$SRC_EXT/tsoracle.control not found (make install)"
 
 WORK=$(mktemp -d /tmp/tsoracle-bench.XXXXXX) || die "mktemp failed"
 chown postgres:postgres "$WORK"
@@ -40,6 +51,7 @@ RES="$WORK/results.tsv"
 RUNS="$WORK/runs"
 mkdir -p "$RUNS"
 : >"$RES"
+
 
 cleanup() {
     local rc=$?
@@ -57,6 +69,36 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
+# The private snapshot of the server installation (see the top of this file).
+PGROOT="$WORK/root"
+BIN="$PGROOT/usr/lib/postgresql/15/bin"
+PKGLIB="$PGROOT/usr/lib/postgresql/15/lib"
+SHARE="$PGROOT/usr/share/postgresql/15"
+mkdir -p "$BIN" "$PKGLIB" "$PGROOT/usr/share/postgresql"
+cp /usr/lib/postgresql/15/bin/postgres /usr/lib/postgresql/15/bin/pg_ctl /usr/lib/postgresql/15/bin/initdb "$BIN/"
+for f in /usr/lib/postgresql/15/lib/*.so; do
+    [ "$(basename "$f")" = tsoracle.so ] || cp "$f" "$PKGLIB/"
+done
+cp -a /usr/share/postgresql/15 "$PGROOT/usr/share/postgresql/"
+rm -f "$SHARE"/extension/tsoracle*
+snap_ok=0
+for _ in $(seq 1 30); do
+    # Copy, then accept the copy only if the sources were not being rewritten meanwhile.
+    before=$(stat -c '%Y %s' "$SRC_SO" "$SRC_EXT"/tsoracle* 2>/dev/null | md5sum)
+    cp "$SRC_SO" "$PKGLIB/tsoracle.so" && cp "$SRC_EXT"/tsoracle.control "$SRC_EXT"/tsoracle--*.sql "$SHARE/extension/"
+    sleep 1
+    after=$(stat -c '%Y %s' "$SRC_SO" "$SRC_EXT"/tsoracle* 2>/dev/null | md5sum)
+    age=$(( $(date +%s) - $(stat -c %Y "$SRC_SO") ))
+    if [ "$before" = "$after" ] && [ "$age" -ge 2 ] && cmp -s "$SRC_SO" "$PKGLIB/tsoracle.so"; then
+        snap_ok=1
+        break
+    fi
+    rm -f "$PKGLIB/tsoracle.so" "$SHARE"/extension/tsoracle*
+    sleep 1
+done
+[ "$snap_ok" = 1 ] || die "$SRC_SO kept changing: could not take a consistent copy"
+chmod -R a+rX "$PGROOT"
+
 PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 [ "$PORT" != 55432 ] || PORT=55433
 
@@ -69,18 +111,24 @@ listen_addresses = '127.0.0.1'
 port = $PORT
 unix_socket_directories = '$WORK'
 max_connections = 100
+jit = off
 shared_preload_libraries = 'tsoracle'
 tsoracle.database = 'postgres'
 CONF
 as_pg "$BIN/pg_ctl" -D "$DATA" -l "$LOG" -w -t 60 start >/dev/null \
     || { tail -n 30 "$LOG" >&2; die "the cluster did not start"; }
 
-PSQL=("$BIN/psql" -X -q -At -h "$WORK" -p "$PORT" -U postgres -d postgres -v ON_ERROR_STOP=1)
+PSQL=("$SYSBIN/psql" -X -q -At -h "$WORK" -p "$PORT" -U postgres -d postgres -v ON_ERROR_STOP=1)
 sql() { "${PSQL[@]}" -c "$1"; }
 rec() { local IFS=$'\t'; echo "$*" >>"$RES"; }
 status_json() { sql "SELECT row_to_json(s) FROM tso_status() s" 2>/dev/null || echo '{}'; }
 status_rec() { rec status "$1" "$(status_json)"; }
 
+pkglibdir=$(sql "SELECT setting FROM pg_config WHERE name = 'PKGLIBDIR'")
+case "$pkglibdir" in
+    "$PGROOT"/*) ;;
+    *) die "the server loads libraries from '$pkglibdir', not from the snapshot in $PGROOT" ;;
+esac
 sql "CREATE EXTENSION tsoracle" || die "CREATE EXTENSION tsoracle failed"
 state=""
 for _ in $(seq 1 300); do
@@ -107,7 +155,10 @@ rec info cpu_model "$(lscpu 2>/dev/null | sed -n 's/^Model name: *//p' | head -n
 rec info memory "$(free -m | awk '/^Mem:/ {print $2 " MiB"}')"
 rec info kernel "$(uname -r)"
 rec info server "$(sql 'SELECT version()')"
-rec info pgbench "$("$BIN/pgbench" --version)"
+rec info pgbench "$("$SYSBIN/pgbench" --version)"
+so_build=release
+readelf -S "$PKGLIB/tsoracle.so" 2>/dev/null | grep -q '\.debug_info' && so_build="DEBUG (has .debug_info: probably an unoptimised build, e.g. installed by cargo pgrx test; figures are not representative)"
+rec info extension "$SRC_SO: $(stat -c %s "$PKGLIB/tsoracle.so") bytes, sha256 $(sha256sum "$PKGLIB/tsoracle.so" | cut -c1-12), installed $(date -u -d "@$(stat -c %Y "$SRC_SO")" '+%F %T UTC'), build: $so_build"
 rec info settings "$(sql "SELECT string_agg(name || '=' || setting || coalesce(unit, ''), ', ' ORDER BY name)
     FROM pg_settings WHERE name IN ('shared_buffers', 'max_connections', 'fsync', 'synchronous_commit',
       'wal_level', 'tsoracle.window_ahead_ms', 'tsoracle.failover_advance_ms', 'work_mem')")"
@@ -164,7 +215,7 @@ run_pgbench() {
     check_server
     local out="$RUNS/$tag.out"
     start_sampler "$RUNS/$tag.waits"
-    "$BIN/pgbench" -h "$WORK" -p "$PORT" -U postgres -n -M prepared -T "$SECS" -c "$clients" -j "$jobs" \
+    "$SYSBIN/pgbench" -h "$WORK" -p "$PORT" -U postgres -n -M prepared -T "$SECS" -c "$clients" -j "$jobs" \
         -f "$HERE/$script.sql" "$@" postgres >"$out" 2>&1
     local rc=$?
     stop_sampler

@@ -4,7 +4,7 @@
 use crate::error::{check_superuser, OrReport, TsoError};
 use crate::guc;
 use crate::oracle;
-use crate::shmem::{self, ORACLE};
+use crate::shmem::{self, LEASE_BOUNDS, ORACLE, QUEUE};
 use pgrx::prelude::*;
 use tsoracle_core::timestamp;
 
@@ -127,44 +127,87 @@ fn tso_status() -> TableIterator<
         name!(window_extensions, i64),
         name!(fences, i64),
         name!(last_fence_ms, Option<f64>),
+        name!(promotion_to_first_ts_ms, Option<i64>),
         name!(worker_pid, Option<i32>),
         name!(worker_commits, i64),
+        name!(group_commits, i64),
+        name!(grouped_requests, i64),
+        name!(live_leases, i64),
         name!(sync_replication, bool),
     ),
 > {
     let signals = shmem::signals().or_report();
-    let standby = unsafe { pg_sys::RecoveryInProgress() };
     let st = *ORACLE.share();
-    let serving = st.allocator.is_serving();
-    let role = if standby { "standby" } else { "primary" };
-    let state = if standby { "standby".to_string() } else { st.phase.as_str().to_string() };
-    let detail = if standby {
-        crate::replica::primary_hint()
-    } else if st.phase == shmem::Phase::Serving {
-        None
-    } else {
-        Some(oracle::not_serving(signals, st.phase).to_string())
+    let (group_commits, grouped_requests) = {
+        let queue = QUEUE.share();
+        (queue.group_commits as i64, queue.grouped_requests as i64)
     };
+    let live_leases = LEASE_BOUNDS.share().len as i64;
     let worker_pid = signals.worker_pid();
-    let row = (
-        role.to_string(),
-        state,
-        detail,
-        serving.then(|| st.allocator.epoch().map(|e| e as i64)).flatten(),
-        (st.timeline > 0).then_some(i64::from(st.timeline)),
-        serving.then_some(st.allocator.high_water_ms() as i64),
-        serving.then_some(st.allocator.floor_ms() as i64),
-        st.allocator.last_issued().map(timestamp::to_sql),
-        serving.then(|| st.allocator.window_left_ms(crate::clock::now_ms()) as i64),
-        st.timestamps_issued as i64,
-        st.window_extensions as i64,
-        st.fences as i64,
-        (st.fences > 0).then_some(st.last_fence_us as f64 / 1000.0),
-        (worker_pid != 0).then_some(worker_pid),
-        st.worker_commits as i64,
-        crate::replica::sync_replication_configured(),
-    );
+    let counters = (st.timestamps_issued as i64, st.window_extensions as i64, st.fences as i64);
+    let promotion_to_first_ts_ms = (st.last_fence_promoted && st.first_grant_ms > 0)
+        .then(|| st.first_grant_ms.saturating_sub(st.worker_started_ms) as i64);
+
+    let row = if unsafe { pg_sys::RecoveryInProgress() } {
+        // A standby serves nothing; show what it has replayed.
+        (
+            "standby".to_string(),
+            "standby".to_string(),
+            crate::replica::primary_hint(),
+            None,
+            Some(i64::from(crate::replica::replay_timeline())),
+            replayed_high_water(),
+            None,
+            None,
+            None,
+            counters.0,
+            counters.1,
+            counters.2,
+            None,
+            None,
+            None,
+            st.worker_commits as i64,
+            group_commits,
+            grouped_requests,
+            live_leases,
+            crate::replica::sync_replication_configured(),
+        )
+    } else {
+        let serving = st.allocator.is_serving();
+        let detail = (st.phase != shmem::Phase::Serving).then(|| oracle::not_serving(signals, st.phase).to_string());
+        (
+            "primary".to_string(),
+            st.phase.as_str().to_string(),
+            detail,
+            st.allocator.epoch().filter(|_| serving).map(|e| e as i64),
+            (st.timeline > 0).then_some(i64::from(st.timeline)),
+            serving.then_some(st.allocator.high_water_ms() as i64),
+            serving.then_some(st.allocator.floor_ms() as i64),
+            st.allocator.last_issued().map(timestamp::to_sql),
+            serving.then(|| st.allocator.window_left_ms(crate::clock::now_ms()) as i64),
+            counters.0,
+            counters.1,
+            counters.2,
+            (st.fences > 0).then_some(st.last_fence_us as f64 / 1000.0),
+            promotion_to_first_ts_ms,
+            (worker_pid != 0).then_some(worker_pid),
+            st.worker_commits as i64,
+            group_commits,
+            grouped_requests,
+            live_leases,
+            crate::replica::sync_replication_configured(),
+        )
+    };
     TableIterator::once(row)
+}
+
+/// On a standby: the high-water replayed from the primary, if this database has the table.
+fn replayed_high_water() -> Option<i64> {
+    let present = Spi::get_one::<bool>("SELECT to_regclass('tsoracle.high_water') IS NOT NULL").ok().flatten()?;
+    if !present {
+        return None;
+    }
+    Spi::get_one::<i64>("SELECT physical_ms FROM tsoracle.high_water WHERE id").ok().flatten()
 }
 
 #[cfg(any(test, feature = "pg_test"))]
@@ -310,12 +353,18 @@ mod tests {
     fn public_cannot_write_the_tables_or_seed() {
         Spi::run("CREATE ROLE tso_reader NOLOGIN").unwrap();
         let check = |sql: &str| Spi::get_one::<bool>(sql).unwrap().unwrap();
-        for privilege in ["INSERT", "UPDATE", "DELETE", "TRUNCATE", "SELECT"] {
-            assert!(
-                !check(&format!("SELECT has_table_privilege('tso_reader', 'tsoracle.high_water', '{privilege}')")),
-                "{privilege} must not be granted"
-            );
+        for table in ["tsoracle.high_water", "tsoracle.seq", "tsoracle.lease"] {
+            for privilege in ["INSERT", "UPDATE", "DELETE", "TRUNCATE"] {
+                assert!(
+                    !check(&format!("SELECT has_table_privilege('tso_reader', '{table}', '{privilege}')")),
+                    "{privilege} on {table} must not be granted"
+                );
+            }
         }
+        // The high-water is public knowledge (monitoring, standbys); counters and leases are not.
+        assert!(check("SELECT has_table_privilege('tso_reader', 'tsoracle.high_water', 'SELECT')"));
+        assert!(!check("SELECT has_table_privilege('tso_reader', 'tsoracle.seq', 'SELECT')"));
+        assert!(!check("SELECT has_table_privilege('tso_reader', 'tsoracle.lease', 'SELECT')"));
         assert!(!check("SELECT has_function_privilege('tso_reader', 'tso_seed(bigint)', 'EXECUTE')"));
         assert!(check("SELECT has_function_privilege('tso_reader', 'tso_next()', 'EXECUTE')"));
         assert!(check("SELECT has_function_privilege('tso_reader', 'tso_status()', 'EXECUTE')"));

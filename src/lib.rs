@@ -79,6 +79,9 @@ SELECT pg_catalog.pg_extension_config_dump('tsoracle.lease', '');
 
 REVOKE ALL ON SCHEMA tsoracle FROM PUBLIC;
 REVOKE ALL ON ALL TABLES IN SCHEMA tsoracle FROM PUBLIC;
+-- The high-water may be read by anyone (monitoring, tso_status() on a standby).
+GRANT USAGE ON SCHEMA tsoracle TO PUBLIC;
+GRANT SELECT ON tsoracle.high_water TO PUBLIC;
 "#,
     name = "tsoracle_schema",
     bootstrap

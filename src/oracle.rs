@@ -33,6 +33,9 @@ fn try_grant(count: u32) -> Result<Result<u64, Blocked>, TsoError> {
     match st.allocator.try_grant(now, count) {
         Ok(first) => {
             st.timestamps_issued += u64::from(count);
+            if st.first_grant_ms == 0 {
+                st.first_grant_ms = now.max(1);
+            }
             Ok(Ok(first))
         }
         Err(CoreError::WindowExhausted { .. }) => Ok(Err(Blocked::Exhausted)),

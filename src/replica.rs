@@ -85,10 +85,44 @@ pub fn sync_replication_configured() -> bool {
     config_option(c"synchronous_standby_names").is_some()
 }
 
-/// Called by the worker after each commit, before the allocator may serve from it.
-/// The worker ignores query cancels, so its commits cannot be cut short of the
-/// synchronous-replication wait; the standby-side checks live with the replica work.
-pub fn confirm_durable() {}
+/// Called by the worker after each commit, before anything may be served from it.
+///
+/// PostgreSQL trap: a synchronous-replication wait ended by a terminate (or postmaster
+/// death) returns as if the commit were done, with only a WARNING ("committed locally, but
+/// might not have been replicated"). Such a wait leaves `ProcDiePending` set (the worker
+/// ignores query cancels, the other way to end the wait). Then the standby may lack this
+/// commit, so the worker must leave without applying it: the window stays where the
+/// standby has it, and requests it carried are answered "outcome unknown" by the next
+/// worker.
+pub fn confirm_replicated() {
+    if unsafe { pg_sys::ProcDiePending } != 0 {
+        pgrx::error!(
+            "tsoracle worker terminated during a commit: not serving from it, since synchronous standbys may not have it"
+        );
+    }
+}
+
+/// WARNING when standbys stream from us but none is synchronous: a failover could then
+/// lose the last committed windows (the guarantee rests on clocks and failover_advance_ms).
+pub fn warn_if_unprotected() {
+    let counts = pgrx::Spi::get_two::<i64, i64>(
+        "SELECT count(*), count(*) FILTER (WHERE sync_state IN ('sync', 'quorum')) FROM pg_catalog.pg_stat_replication",
+    );
+    if let Ok((Some(standbys), Some(synchronous))) = counts {
+        if standbys > 0 && synchronous == 0 {
+            pgrx::warning!(
+                "tsoracle: {standbys} standby(s) connected but none is synchronous; after a failover the promoted standby may lack the last committed windows (set synchronous_standby_names)"
+            );
+        }
+    }
+}
+
+/// The replay timeline of a standby.
+pub fn replay_timeline() -> u32 {
+    let mut tli: pg_sys::TimeLineID = 0;
+    unsafe { pg_sys::GetXLogReplayRecPtr(&mut tli) };
+    tli
+}
 
 #[cfg(any(test, feature = "pg_test"))]
 #[pgrx::pg_schema]

@@ -57,6 +57,12 @@ pub struct OracleState {
     pub worker_commits: u64,
     /// Highest `tso_seed()` value made durable, so seeding callers know when they are done.
     pub seeded_ms: u64,
+    /// When the worker started (after recovery ended: start, crash restart, promotion).
+    pub worker_started_ms: u64,
+    /// The last fence found the durable row on an older timeline: a promotion.
+    pub last_fence_promoted: bool,
+    /// Clock time of the first timestamp served after the last fence (0: none yet).
+    pub first_grant_ms: u64,
 }
 
 unsafe impl PGRXSharedMemory for OracleState {}

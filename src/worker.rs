@@ -33,6 +33,12 @@ pub fn register() {
         .load();
 }
 
+unsafe extern "C-unwind" {
+    /// PostgreSQL's SIGTERM handler for backends (the raw symbol: pgrx's `pg_sys::die` is a
+    /// Rust wrapper, not a signal handler).
+    fn die(postgres_signal_arg: std::ffi::c_int);
+}
+
 /// Why the serving loop stopped.
 enum Stop {
     /// SIGTERM or postmaster death: leave.
@@ -44,10 +50,16 @@ enum Stop {
 #[pg_guard]
 #[unsafe(no_mangle)]
 pub extern "C-unwind" fn tsoracle_worker_main(_arg: pg_sys::Datum) {
-    BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
-    // A query cancel during a synchronous-replication wait makes PostgreSQL report the commit
-    // as done although the standby may not have it. Nobody may cancel this worker's waits.
-    unsafe { libc::signal(libc::SIGINT, libc::SIG_IGN) };
+    BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP);
+    unsafe {
+        // SIGTERM is PostgreSQL's own `die`: it ends a synchronous-replication wait (so a
+        // shutdown never hangs on a missing standby), and `confirm_replicated` then refuses
+        // to serve from that commit.
+        pg_sys::pqsignal(libc::SIGTERM, Some(die));
+        // A query cancel ends such a wait too, and leaves no trace afterwards: ignore it.
+        pg_sys::pqsignal(libc::SIGINT, None);
+        libc::signal(libc::SIGINT, libc::SIG_IGN);
+    }
 
     let Ok(signals) = shmem::signals() else {
         pgrx::warning!("tsoracle worker started without shared memory; exiting");
@@ -55,6 +67,7 @@ pub extern "C-unwind" fn tsoracle_worker_main(_arg: pg_sys::Datum) {
     };
 
     set_phase(signals, Phase::Starting);
+    ORACLE.exclusive().worker_started_ms = now_ms();
     let database = guc::database();
     BackgroundWorker::connect_worker_to_spi(Some(&database), None);
 
@@ -124,6 +137,7 @@ fn wait_for_extension(signals: &Signals, database: &str) -> bool {
         if !BackgroundWorker::wait_latch(Some(Duration::from_secs(1))) {
             return false;
         }
+        pg_sys::check_for_interrupts!();
     }
 }
 
@@ -150,12 +164,14 @@ impl Worker {
 
         let timeline = unsafe { pg_sys::GetWALInsertionTimeLine() };
         let advance = guc::failover_advance_ms();
-        let (floor_ms, high_water_ms, epoch, leases) = BackgroundWorker::transaction(|| {
-            let prior = Spi::get_one::<i64>("SELECT physical_ms FROM tsoracle.high_water WHERE id")
-                .ok()
-                .flatten()
-                .unwrap_or(0)
-                .max(0) as u64;
+        let (floor_ms, high_water_ms, epoch, leases, promoted) = BackgroundWorker::transaction(|| {
+            let (prior, prior_epoch) =
+                Spi::get_two::<i64, i64>("SELECT physical_ms, epoch FROM tsoracle.high_water WHERE id")
+                    .unwrap_or((None, None));
+            let prior = prior.unwrap_or(0).max(0) as u64;
+            // A row written on an older timeline: this server was promoted since.
+            let promoted = prior_epoch.is_some_and(|e| e < i64::from(timeline));
+            crate::replica::warn_if_unprotected();
             let now = now_ms();
             let floor_ms = (prior.max(remembered_ms) + 1).max(now).max(min_floor_ms);
             let requested = floor_ms.saturating_add(advance);
@@ -168,10 +184,10 @@ impl Worker {
             )
             .unwrap_or_else(|e| pgrx::error!("tsoracle fence could not persist the high-water: {e}"));
             let leases = load_leases(now);
-            (floor_ms, actual.unwrap_or(0).max(0) as u64, epoch.unwrap_or(0).max(0) as u64, leases)
+            (floor_ms, actual.unwrap_or(0).max(0) as u64, epoch.unwrap_or(0).max(0) as u64, leases, promoted)
         });
         // Committed (and flushed, and replicated where synchronous standbys are required).
-        crate::replica::confirm_durable();
+        crate::replica::confirm_replicated();
         self.leases = leases;
         self.publish_lease_bounds();
 
@@ -188,6 +204,8 @@ impl Worker {
             st.worker_commits += 1;
             st.last_fence_us = started.elapsed().as_micros() as u64;
             st.seeded_ms = st.seeded_ms.max(min_floor_ms);
+            st.last_fence_promoted = promoted;
+            st.first_grant_ms = 0;
         }
         self.signals.broadcast();
         pgrx::log!(
@@ -206,6 +224,7 @@ impl Worker {
             if !BackgroundWorker::wait_latch(Some(tick)) {
                 return Stop::Exit;
             }
+            pg_sys::check_for_interrupts!();
             if BackgroundWorker::sighup_received() {
                 unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
             }
@@ -246,7 +265,7 @@ impl Worker {
             pgrx::warning!("tsoracle high-water row is missing or at another epoch; running the fence again");
             return false;
         };
-        crate::replica::confirm_durable();
+        crate::replica::confirm_replicated();
         match self.commit_high_water(actual, extension.epoch) {
             Ok(()) => {
                 ORACLE.exclusive().window_extensions += 1;
@@ -293,7 +312,7 @@ impl Worker {
             let high_water = mutate_leases(&requests, &mut replies, &mut leases, now, window, epoch);
             (replies, high_water, leases)
         });
-        crate::replica::confirm_durable();
+        crate::replica::confirm_replicated();
         self.leases = leases;
         self.publish_lease_bounds();
         if high_water > window {
