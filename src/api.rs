@@ -202,12 +202,20 @@ fn tso_status() -> TableIterator<
 }
 
 /// On a standby: the high-water replayed from the primary, if this database has the table.
+/// (Read-only SPI: `Spi::get_one` would ask for a transaction id, which a standby refuses.)
 fn replayed_high_water() -> Option<i64> {
-    let present = Spi::get_one::<bool>("SELECT to_regclass('tsoracle.high_water') IS NOT NULL").ok().flatten()?;
-    if !present {
-        return None;
-    }
-    Spi::get_one::<i64>("SELECT physical_ms FROM tsoracle.high_water WHERE id").ok().flatten()
+    Spi::connect(|client| {
+        let present = client
+            .select("SELECT to_regclass('tsoracle.high_water') IS NOT NULL", None, &[])?
+            .first()
+            .get_one::<bool>()?;
+        if present != Some(true) {
+            return Ok(None);
+        }
+        client.select("SELECT physical_ms FROM tsoracle.high_water WHERE id", None, &[])?.first().get_one::<i64>()
+    })
+    .ok()
+    .flatten()
 }
 
 #[cfg(any(test, feature = "pg_test"))]

@@ -24,10 +24,11 @@ mod testing;
 
 #[pg_guard]
 pub extern "C-unwind" fn _PG_init() {
-    guc::define();
-    // Shared memory and the worker exist only when preloaded; otherwise every function
-    // reports how to fix it (TsoError::NotPreloaded).
+    // Settings, shared memory and the worker exist only when preloaded (a postmaster-level
+    // setting cannot even be defined later); otherwise every function reports how to fix
+    // it (TsoError::NotPreloaded).
     if unsafe { pg_sys::process_shared_preload_libraries_in_progress } {
+        guc::define();
         shmem::init();
         worker::register();
     }

@@ -39,6 +39,12 @@
 //! `Drop` stops the server with `-m immediate` (SIGKILL as a fallback) and deletes the node's
 //! directory. If the thread is panicking (a failed assertion), it first prints the tail of the
 //! server log to stderr; with `TSORACLE_KEEP_FAILED=1` it also keeps the directory.
+//!
+//! # Environment
+//!
+//! `TSORACLE_PG_BIN` (server binaries, default `/usr/lib/postgresql/15/bin`),
+//! `TSORACLE_PG_USER` (OS user, default `postgres`), `TSORACLE_TEST_DIR` (parent of the node
+//! directories, default the system temp dir), `TSORACLE_KEEP_FAILED=1` (see above).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fs;
@@ -469,8 +475,9 @@ impl Node {
             .args(["-m", mode.as_str(), "-w", "-t", "120"]);
         let r = run_cmd(cmd, Duration::from_secs(150));
         if wait_child(&mut child, Duration::from_secs(30)).is_none() {
-            kill_tree(child.id() as i32);
+            let kids = kill_tree(child.id() as i32);
             let _ = wait_child(&mut child, Duration::from_secs(30));
+            let _ = wait_gone(&kids, Duration::from_secs(30));
             return Err(HarnessError::Other(format!(
                 "node {}: postmaster still running after pg_ctl stop -m {} ({:?}); killed",
                 self.name,
@@ -723,13 +730,11 @@ impl Drop for Node {
         if panicking {
             self.dump_log(LOG_TAIL_LINES);
         }
-        if self.is_running() {
-            if self.stop(StopMode::Immediate).is_err() {
-                if let Some(mut child) = self.postmaster.take() {
-                    let kids = kill_tree(child.id() as i32);
-                    let _ = wait_child(&mut child, Duration::from_secs(30));
-                    let _ = wait_gone(&kids, Duration::from_secs(30));
-                }
+        if self.is_running() && self.stop(StopMode::Immediate).is_err() {
+            if let Some(mut child) = self.postmaster.take() {
+                let kids = kill_tree(child.id() as i32);
+                let _ = wait_child(&mut child, Duration::from_secs(30));
+                let _ = wait_gone(&kids, Duration::from_secs(30));
             }
         }
         let keep = panicking && std::env::var_os("TSORACLE_KEEP_FAILED").is_some_and(|v| v == "1");

@@ -123,14 +123,14 @@ pub fn wait_serving(client: &mut Client) -> Result<TsoStatus, HarnessError> {
 }
 
 pub fn tso_next(client: &mut Client) -> Result<i64, postgres::Error> {
-    Ok(client.query_one("SELECT tso_next()", &[])?.try_get(0)?)
+    client.query_one("SELECT tso_next()", &[])?.try_get(0)
 }
 
 /// First of `count` consecutive timestamps.
 pub fn tso_next_batch(client: &mut Client, count: i32) -> Result<i64, postgres::Error> {
-    Ok(client
+    client
         .query_one("SELECT tso_next_batch($1)", &[&count])?
-        .try_get(0)?)
+        .try_get(0)
 }
 
 /// `SELECT tso_seed($1)` (return value ignored).
@@ -141,16 +141,16 @@ pub fn tso_seed(client: &mut Client, physical_ms: i64) -> Result<(), postgres::E
 
 /// The durable high-water: `max(physical_ms)` of `tsoracle.high_water` (needs privileges).
 pub fn durable_high_water(client: &mut Client) -> Result<Option<i64>, postgres::Error> {
-    Ok(client
+    client
         .query_one("SELECT max(physical_ms)::bigint FROM tsoracle.high_water", &[])?
-        .try_get(0)?)
+        .try_get(0)
 }
 
 /// `SHOW <name>`.
 pub fn show(client: &mut Client, name: &str) -> Result<String, postgres::Error> {
-    Ok(client
+    client
         .query_one("SELECT current_setting($1)", &[&name])?
-        .try_get(0)?)
+        .try_get(0)
 }
 
 /// Assert that `r` failed with SQLSTATE `code`; returns the error for further checks.

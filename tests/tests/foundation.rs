@@ -325,7 +325,7 @@ fn rollback_does_not_reissue() {
         assert!(b > max);
         max = b + 99;
         calls += 1;
-        if calls % 50 == 0 {
+        if calls.is_multiple_of(50) {
             ext1 = status_of(&mut other).window_extensions.unwrap();
         }
     }

@@ -1,0 +1,2 @@
+SELECT tso_next();
+\set done 1
