@@ -173,7 +173,8 @@ status_rec start
 
 # --- helpers ---------------------------------------------------------------------------------
 
-# Sample the wait events of active client backends every 0.25 s, in one session, into $1,
+# Sample the wait events of active client backends and of the tsoracle worker every 0.25 s,
+# in one session, into $1,
 # for about as long as one run (the session ends by itself: killing it would log FATALs).
 start_sampler() {
     local out=$1 n=$(( SECS * 4 - 1 ))
@@ -185,8 +186,11 @@ start_sampler() {
         echo '\! renice -n -5 -p "$SAMPLER_PID" "$PPID" >/dev/null 2>&1'
         for _ in $(seq 1 "$n"); do
             echo "SELECT pg_sleep(0.25) \\g /dev/null"
-            echo "SELECT coalesce(wait_event_type || ':' || wait_event, 'CPU') FROM pg_stat_activity
-                   WHERE backend_type = 'client backend' AND state = 'active' AND pid <> pg_backend_pid();"
+            echo "SELECT CASE WHEN backend_type = 'client backend' THEN '' ELSE 'worker ' END
+                          || coalesce(wait_event_type || ':' || wait_event, 'CPU')
+                     FROM pg_stat_activity
+                    WHERE pid <> pg_backend_pid()
+                      AND ((backend_type = 'client backend' AND state = 'active') OR backend_type LIKE 'tsoracle%');"
         done
     } >"$out.sql"
     "${PSQL[@]}" -f "$out.sql" >"$out" 2>/dev/null &
@@ -252,12 +256,14 @@ interleave() {
     done
 }
 
-# --- 1. throughput: tso_next() vs SELECT 1 vs nextval('s') -----------------------------------
-echo "==> throughput: tso_next() vs SELECT 1 vs nextval('s') (clients: $CLIENTS)" >&2
+# --- 1. throughput: tso_next() vs SELECT 1 vs nextval('s') ------------------------------------
+# SELECT clock_timestamp() is there to show what calling any function costs a one-call
+# statement (against SELECT 1, which calls none).
+echo "==> throughput: tso_next() vs SELECT 1 vs nextval('s') vs clock_timestamp() (clients: $CLIENTS)" >&2
 for c in $CLIENTS; do
     run_pgbench warmup select1 "$c" 0 -T 3 2>/dev/null   # connections, caches, CPU frequency
     for r in $(seq 1 "$REPS"); do
-        interleave "$c" "$r" select1 tso_next nextval
+        interleave "$c" "$r" select1 tso_next nextval clock
     done
 done
 

@@ -8,15 +8,24 @@ use crate::error::TsoError;
 use crate::guc;
 use crate::shmem::{self, Phase, Reply, Request, Signals, Ticket, ORACLE, QUEUE};
 use pgrx::pg_sys;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 use tsoracle_core::allocator::MAX_BATCH;
 use tsoracle_core::error::CoreError;
 
+/// Set once this backend has seen recovery end; recovery never starts again in the life of
+/// a backend (promotion is one way), so the hot path skips the call from then on.
+static SEEN_PRIMARY: AtomicBool = AtomicBool::new(false);
+
 /// Refuse on a hot standby: the primary is the only source of order.
 pub fn ensure_primary(what: &'static str) -> Result<(), TsoError> {
+    if SEEN_PRIMARY.load(Ordering::Relaxed) {
+        return Ok(());
+    }
     if unsafe { pg_sys::RecoveryInProgress() } {
         Err(TsoError::Standby(what))
     } else {
+        SEEN_PRIMARY.store(true, Ordering::Relaxed);
         Ok(())
     }
 }

@@ -131,7 +131,7 @@ def verdict(ok):
 SECS = float(first("seconds", "0") or 0) or float("nan")
 rows = []  # workload, clients, result, baseline, baseline result, ratio, target, verdict
 notes = []
-clients_list = sorted({c for (w, c) in tps if w in ("tso_next", "select1", "nextval")})
+clients_list = sorted({c for (w, c) in tps if w in ("tso_next", "select1", "nextval", "clock")})
 seq_available = not first("tso_seq", "").startswith("not available")
 
 # 1. tso_next() vs SELECT 1, and against nextval('s')
@@ -150,6 +150,17 @@ for c in clients_list:
     r = paired_ratio(nv, base)
     rows.append(["SELECT nextval('s')", c, fmt_tps(med(nv.values())), "SELECT 1", fmt_tps(med(base.values())),
                  fmt_ratio(r), "report (~0.6)", "-"])
+for c in clients_list:
+    ck, base = tps.get(("clock", c), {}), tps.get(("select1", c), {})
+    if ck:
+        r = paired_ratio(ck, base)
+        rows.append(["SELECT clock_timestamp()", c, fmt_tps(med(ck.values())), "SELECT 1",
+                     fmt_tps(med(base.values())), fmt_ratio(r), "report", "-"])
+    tn = tps.get(("tso_next", c), {})
+    if ck and tn:
+        r = paired_ratio(tn, ck)
+        rows.append(["SELECT tso_next()", c, fmt_tps(med(tn.values())), "SELECT clock_timestamp()",
+                     fmt_tps(med(ck.values())), fmt_ratio(r), "report", "-"])
 
 # 2. per-call cost inside one backend
 tso_q, clock_q, nv_q, empty_q = "tso_next", "clock", "nextval", "loop"
@@ -310,19 +321,25 @@ w("")
 
 # wait events
 if waits:
-    w("wait events of active client backends (sampled every 0.25 s; CPU = not waiting)")
+    w("wait events, sampled every 0.25 s: active client backends, and the tsoracle worker (CPU = not waiting)")
     for (wl, c), files in sorted(waits.items()):
         if wl == "warmup":
             continue
-        counter = collections.Counter()
+        clients, worker = collections.Counter(), collections.Counter()
         for path in files:
             if os.path.exists(path):
                 with open(path) as f:
-                    counter.update(x.strip() for x in f if x.strip())
-        total = sum(counter.values())
-        if total:
-            top = ", ".join(f"{k} {100.0 * v / total:.0f}%" for k, v in counter.most_common(4))
-            w(f"  {wl:16s} c={c:<3d}: {top}  ({total} samples)")
+                    for x in f:
+                        x = x.strip()
+                        if x.startswith("worker "):
+                            worker[x[len("worker "):]] += 1
+                        elif x:
+                            clients[x] += 1
+        for who, counter in (("clients", clients), ("worker", worker)):
+            total = sum(counter.values())
+            if total:
+                top = ", ".join(f"{k} {100.0 * v / total:.0f}%" for k, v in counter.most_common(4))
+                w(f"  {wl:16s} c={c:<3d} {who:7s}: {top}  ({total} samples)")
     w("")
 
 if fails:

@@ -8,16 +8,22 @@
 //!   ([`DenseHistory`]).
 //! * [`load`]: N client threads calling a statement in a loop, reconnecting across restarts and
 //!   recording every call in a [`History`].
+//! * [`cluster`]: multi-node helpers for failover tests: a movable primary pointer, a mixed
+//!   timestamp/sequence load that follows it, synchronous standbys, replay waits.
+//! * [`seqlease`]: dense sequences and leases: a `tso_seq`/`tso_seq_batch` load recording a
+//!   [`DenseHistory`], the group-commit counters, `ALTER SYSTEM` + reload.
 //! * [`tso`]: helpers for the extension's SQL surface (`tso_status()`, `wait_serving`, the
 //!   timestamp layout, SQLSTATE assertions).
 //!
 //! Everything is bounded in time: no helper can wait forever.
 
+pub mod cluster;
 pub mod error;
 pub mod history;
 pub mod load;
 pub mod node;
 pub mod rng;
+pub mod seqlease;
 pub mod tso;
 
 pub use error::{pg_error_string, HarnessError};

@@ -1,0 +1,429 @@
+//! Multi-node helpers for the replication and failover tests.
+//!
+//! * [`PrimaryPointer`]: "where the primary is now", shared by the load threads; moving it
+//!   (after a failover) makes every thread drop its connection and reconnect to the new node.
+//! * [`MixedLoad`]: N client threads calling `tso_next()`, `tso_next_batch(k)` and
+//!   `tso_seq(key, k)` on the current primary, recording timestamps in a [`History`] and
+//!   sequence blocks in a [`DenseHistory`] (errored calls with the count they asked for, so
+//!   a burnt block can explain a gap). Each call is recorded under the name of the node the
+//!   thread was connected to.
+//! * Synchronous standby set-up ([`make_sync`]), replay waits ([`wait_replayed`],
+//!   [`wait_end_of_local_wal`]), a standby cut off from its primary
+//!   ([`remove_primary_conninfo`]), the tsoracle worker's process ([`worker_activity`]) and
+//!   promotion timing ([`first_timestamp`]).
+//!
+//! Everything is bounded in time.
+
+use std::fs;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use postgres::error::SqlState;
+use postgres::Client;
+
+use crate::error::{pg_error_string, HarnessError};
+use crate::history::{DenseHistory, History};
+use crate::load::{Endpoint, LoadStats, MAX_LOAD_DURATION};
+use crate::node::Node;
+use crate::rng::SplitMix64;
+use crate::Result;
+
+/// How long the waits of this module poll.
+pub const CLUSTER_WAIT: Duration = Duration::from_secs(60);
+
+// ============================================================================ primary pointer
+
+/// The node the load should talk to, with a generation number bumped by every move.
+#[derive(Clone)]
+pub struct PrimaryPointer {
+    inner: Arc<RwLock<(u64, Endpoint)>>,
+}
+
+impl PrimaryPointer {
+    pub fn new(node: &Node) -> Self {
+        PrimaryPointer {
+            inner: Arc::new(RwLock::new((0, node.endpoint()))),
+        }
+    }
+
+    /// Point at `node`; threads connected elsewhere reconnect before their next call.
+    pub fn set(&self, node: &Node) {
+        let mut g = self.inner.write().unwrap_or_else(|p| p.into_inner());
+        g.0 += 1;
+        g.1 = node.endpoint();
+    }
+
+    /// (generation, endpoint).
+    pub fn current(&self) -> (u64, Endpoint) {
+        let g = self.inner.read().unwrap_or_else(|p| p.into_inner());
+        (g.0, g.1.clone())
+    }
+}
+
+// ============================================================================ mixed load
+
+/// Options for [`MixedLoad`].
+#[derive(Clone, Debug)]
+pub struct MixedLoadOptions {
+    pub threads: usize,
+    /// Each thread stops after this long (capped at [`MAX_LOAD_DURATION`]) or when stopped.
+    pub duration: Duration,
+    /// Sleep after a failed connection attempt or a not-serving error.
+    pub backoff: Duration,
+    pub statement_timeout_ms: u64,
+    /// Keys for `tso_seq`.
+    pub seq_keys: Vec<String>,
+    /// Largest `tso_next_batch` count.
+    pub max_batch: i32,
+    /// Largest `tso_seq` count.
+    pub max_seq: i32,
+    /// Probability of a `tso_seq` call; of the rest, half `tso_next()`, half batches.
+    pub seq_share: f64,
+}
+
+impl Default for MixedLoadOptions {
+    fn default() -> Self {
+        MixedLoadOptions {
+            threads: 16,
+            duration: Duration::from_secs(120),
+            backoff: Duration::from_millis(20),
+            statement_timeout_ms: 20_000,
+            seq_keys: vec!["k0".into(), "k1".into(), "k2".into()],
+            max_batch: 64,
+            max_seq: 5,
+            seq_share: 0.3,
+        }
+    }
+}
+
+/// A running mixed load (see the module documentation).
+pub struct MixedLoad {
+    stop: Arc<AtomicBool>,
+    handles: Vec<JoinHandle<LoadStats>>,
+}
+
+impl MixedLoad {
+    pub fn start(target: PrimaryPointer, opts: MixedLoadOptions, ts: History, dense: DenseHistory) -> MixedLoad {
+        assert!(!opts.seq_keys.is_empty() || opts.seq_share == 0.0, "seq_share needs seq_keys");
+        let stop = Arc::new(AtomicBool::new(false));
+        let deadline = Instant::now() + opts.duration.min(MAX_LOAD_DURATION);
+        let handles = (0..opts.threads)
+            .map(|i| {
+                let (stop, target, opts, ts, dense) =
+                    (stop.clone(), target.clone(), opts.clone(), ts.clone(), dense.clone());
+                std::thread::Builder::new()
+                    .name(format!("mixed-load-{i}"))
+                    .spawn(move || mixed_worker(target, opts, ts, dense, stop, deadline))
+                    .expect("spawn load thread")
+            })
+            .collect();
+        MixedLoad { stop, handles }
+    }
+
+    pub fn stop(&self) {
+        self.stop.store(true, Ordering::SeqCst);
+    }
+
+    /// Stop the threads and wait for them; a panic in a thread is propagated.
+    pub fn stop_and_join(mut self) -> LoadStats {
+        self.stop();
+        let mut total = LoadStats::default();
+        for h in self.handles.drain(..) {
+            match h.join() {
+                Ok(s) => {
+                    total.ok_calls += s.ok_calls;
+                    total.err_calls += s.err_calls;
+                    total.connects += s.connects;
+                    total.connect_failures += s.connect_failures;
+                    for e in s.sample_errors {
+                        if total.sample_errors.len() < 12 && !total.sample_errors.contains(&e) {
+                            total.sample_errors.push(e);
+                        }
+                    }
+                }
+                Err(p) => std::panic::resume_unwind(p),
+            }
+        }
+        total
+    }
+}
+
+impl Drop for MixedLoad {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        for h in self.handles.drain(..) {
+            let _ = h.join();
+        }
+    }
+}
+
+enum MixedOp {
+    Next,
+    Batch(i32),
+    Seq(usize, i32),
+}
+
+fn mixed_worker(
+    target: PrimaryPointer,
+    opts: MixedLoadOptions,
+    ts: History,
+    dense: DenseHistory,
+    stop: Arc<AtomicBool>,
+    deadline: Instant,
+) -> LoadStats {
+    let mut rng = SplitMix64::from_entropy();
+    let mut stats = LoadStats::default();
+    // (client, generation it was made for, node name)
+    let mut conn: Option<(Client, u64, String)> = None;
+    let note = |stats: &mut LoadStats, e: String| {
+        if stats.sample_errors.len() < 12 && !stats.sample_errors.contains(&e) {
+            stats.sample_errors.push(e);
+        }
+    };
+    while !stop.load(Ordering::SeqCst) && Instant::now() < deadline {
+        let (generation, ep) = target.current();
+        if conn.as_ref().is_some_and(|(_, g, _)| *g != generation) {
+            conn = None; // the primary moved
+        }
+        let Some((client, _, node)) = conn.as_mut() else {
+            match ep.connect(opts.statement_timeout_ms) {
+                Ok(c) => {
+                    stats.connects += 1;
+                    conn = Some((c, generation, ep.name.clone()));
+                }
+                Err(e) => {
+                    stats.connect_failures += 1;
+                    note(&mut stats, format!("connect: {}", pg_error_string(&e)));
+                    std::thread::sleep(opts.backoff);
+                }
+            }
+            continue;
+        };
+        let op = if rng.chance(opts.seq_share) {
+            let k = rng.range_inclusive(0, opts.seq_keys.len() as i64 - 1) as usize;
+            MixedOp::Seq(k, rng.range_inclusive(1, opts.max_seq as i64) as i32)
+        } else if rng.chance(0.5) {
+            MixedOp::Next
+        } else {
+            MixedOp::Batch(rng.range_inclusive(1, opts.max_batch as i64) as i32)
+        };
+        let start = Instant::now();
+        let r: std::result::Result<i64, postgres::Error> = match &op {
+            MixedOp::Next => client.query_one("SELECT tso_next()", &[]).and_then(|r| r.try_get(0)),
+            MixedOp::Batch(k) => client.query_one("SELECT tso_next_batch($1)", &[k]).and_then(|r| r.try_get(0)),
+            MixedOp::Seq(key, k) => client
+                .query_one("SELECT tso_seq($1::text, $2::int)", &[&opts.seq_keys[*key], k])
+                .and_then(|r| r.try_get(0)),
+        };
+        let end = Instant::now();
+        let node = node.clone();
+        match r {
+            Ok(first) => {
+                stats.ok_calls += 1;
+                match op {
+                    MixedOp::Next => ts.record_ok(start, end, &node, first, 1),
+                    MixedOp::Batch(k) => ts.record_ok(start, end, &node, first, k as i64),
+                    MixedOp::Seq(key, k) => dense.record_ok(start, end, &node, &opts.seq_keys[key], first, k as i64),
+                }
+            }
+            Err(e) => {
+                stats.err_calls += 1;
+                let msg = pg_error_string(&e);
+                note(&mut stats, msg.clone());
+                match op {
+                    MixedOp::Next => ts.record_err(start, end, &node, msg, 1),
+                    MixedOp::Batch(k) => ts.record_err(start, end, &node, msg, k as i64),
+                    MixedOp::Seq(key, k) => dense.record_err(start, end, &node, &opts.seq_keys[key], msg, k as i64),
+                }
+                let closed = conn.as_ref().is_none_or(|(c, _, _)| c.is_closed());
+                let not_serving = e.code() == Some(&SqlState::CANNOT_CONNECT_NOW);
+                let broken = closed
+                    || e.as_db_error().is_none()
+                    || e.code().is_some_and(|s| {
+                        let s = s.code();
+                        s.starts_with("08") || (s.starts_with("57") && s != "57P03" && s != "57014")
+                    });
+                if broken {
+                    conn = None;
+                }
+                if broken || not_serving {
+                    std::thread::sleep(opts.backoff);
+                }
+            }
+        }
+    }
+    stats
+}
+
+// ============================================================================ replication
+
+fn lsn_text(c: &mut Client, sql: &str) -> Result<Option<String>> {
+    Ok(c.query_one(sql, &[])?.try_get::<_, Option<String>>(0)?)
+}
+
+/// `pg_current_wal_lsn()` of a primary, as text.
+pub fn current_wal_lsn(primary: &Node) -> Result<String> {
+    let mut c = primary.try_connect(CLUSTER_WAIT)?;
+    lsn_text(&mut c, "SELECT pg_current_wal_lsn()::text")?
+        .ok_or_else(|| HarnessError::Other("pg_current_wal_lsn() is NULL".into()))
+}
+
+/// Make `primary` wait for `standby_app` (an application_name, or `*`) synchronously, then
+/// wait until a standby named `standby_app` (or any, for `*`) is `sync` in
+/// `pg_stat_replication` and has flushed everything the primary had written at that moment
+/// (so commits from before the standby became synchronous are on it too).
+pub fn make_sync(primary: &mut Node, standby_app: &str) -> Result<()> {
+    let names = if standby_app == "*" { "*".to_string() } else { format!("\"{}\"", standby_app.replace('"', "\"\"")) };
+    primary.set_conf("synchronous_standby_names", names)?;
+    wait_sync(primary, standby_app)
+}
+
+/// The waiting half of [`make_sync`] (for a primary already configured).
+pub fn wait_sync(primary: &Node, standby_app: &str) -> Result<()> {
+    let mut c = primary.try_connect(CLUSTER_WAIT)?;
+    let deadline = Instant::now() + CLUSTER_WAIT;
+    let mut last = String::from("no standby");
+    let mut target: Option<String> = None;
+    loop {
+        let rows = c.query(
+            "SELECT application_name, state, sync_state, flush_lsn::text, \
+                    (flush_lsn >= $1::text::pg_lsn) AS caught_up \
+               FROM pg_stat_replication \
+              WHERE $2 = '*' OR application_name = $2",
+            &[&target.clone().unwrap_or_else(|| "0/0".into()), &standby_app],
+        )?;
+        let sync = rows.iter().find(|r| r.get::<_, Option<String>>(2).as_deref() == Some("sync"));
+        if let Some(r) = sync {
+            match &target {
+                None => target = Some(lsn_text(&mut c, "SELECT pg_current_wal_lsn()::text")?.unwrap_or_default()),
+                Some(_) if r.get::<_, Option<bool>>(4) == Some(true) => return Ok(()),
+                Some(t) => last = format!("sync, flushed {:?} < {t}", r.get::<_, Option<String>>(3)),
+            }
+        } else {
+            last = format!(
+                "{:?}",
+                rows.iter()
+                    .map(|r| (r.get::<_, Option<String>>(0), r.get::<_, Option<String>>(1), r.get::<_, Option<String>>(2)))
+                    .collect::<Vec<_>>()
+            );
+        }
+        if Instant::now() > deadline {
+            return Err(HarnessError::Timeout(format!(
+                "node {}: standby {standby_app:?} not synchronous and caught up after {CLUSTER_WAIT:?}; last: {last}",
+                primary.name()
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Wait until `standby` has replayed up to `lsn` (`pg_last_wal_replay_lsn() >= lsn`).
+pub fn wait_replay_lsn(standby: &Node, lsn: &str) -> Result<()> {
+    let mut c = standby.try_connect(CLUSTER_WAIT)?;
+    let deadline = Instant::now() + CLUSTER_WAIT;
+    loop {
+        let r = c.query_one(
+            "SELECT coalesce(pg_last_wal_replay_lsn() >= $1::text::pg_lsn, false), pg_last_wal_replay_lsn()::text",
+            &[&lsn],
+        )?;
+        if r.get::<_, bool>(0) {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(HarnessError::Timeout(format!(
+                "node {}: replay at {:?}, not at {lsn} after {CLUSTER_WAIT:?}",
+                standby.name(),
+                r.get::<_, Option<String>>(1)
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Wait until `standby` has replayed everything `primary` has written so far.
+pub fn wait_replayed(primary: &Node, standby: &Node) -> Result<String> {
+    let lsn = current_wal_lsn(primary)?;
+    wait_replay_lsn(standby, &lsn)?;
+    Ok(lsn)
+}
+
+/// Remove `primary_conninfo` from a (stopped) standby's `postgresql.auto.conf`: started
+/// again, it stays a hot standby (standby.signal is kept) that replays only the WAL it
+/// already has and never reconnects to its primary. Returns the removed lines.
+pub fn remove_primary_conninfo(standby: &Node) -> Result<Vec<String>> {
+    let path = standby.datadir().join("postgresql.auto.conf");
+    let text = fs::read_to_string(&path).map_err(|e| HarnessError::io(format!("read {}", path.display()), e))?;
+    let (removed, kept): (Vec<&str>, Vec<&str>) =
+        text.lines().partition(|l| l.trim_start().starts_with("primary_conninfo"));
+    let mut out = kept.join("\n");
+    out.push('\n');
+    // Writing an existing file keeps its owner (postgres).
+    fs::write(&path, out).map_err(|e| HarnessError::io(format!("write {}", path.display()), e))?;
+    Ok(removed.into_iter().map(String::from).collect())
+}
+
+/// On a hot standby without a source of WAL other than its own `pg_wal`: wait until the
+/// startup process has replayed all of it (it then waits in `RecoveryRetrieveRetryInterval`
+/// for WAL that will not come) and `pg_last_wal_replay_lsn() >= min_lsn`. Returns the replay
+/// LSN.
+pub fn wait_end_of_local_wal(standby: &Node, min_lsn: &str) -> Result<String> {
+    let mut c = standby.try_connect(CLUSTER_WAIT)?;
+    let deadline = Instant::now() + CLUSTER_WAIT;
+    loop {
+        let r = c.query_one(
+            "SELECT (SELECT wait_event FROM pg_stat_activity WHERE backend_type = 'startup'), \
+                    pg_last_wal_replay_lsn()::text, \
+                    coalesce(pg_last_wal_replay_lsn() >= $1::text::pg_lsn, false)",
+            &[&min_lsn],
+        )?;
+        let wait_event: Option<String> = r.get(0);
+        let lsn: Option<String> = r.get(1);
+        if wait_event.as_deref() == Some("RecoveryRetrieveRetryInterval") && r.get::<_, bool>(2) {
+            return Ok(lsn.unwrap_or_default());
+        }
+        if Instant::now() > deadline {
+            return Err(HarnessError::Timeout(format!(
+                "node {}: local WAL not replayed to its end after {CLUSTER_WAIT:?}: startup waits on {wait_event:?}, replay at {lsn:?}, want >= {min_lsn}",
+                standby.name()
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+// ============================================================================ tsoracle
+
+/// The tsoracle worker as `pg_stat_activity` shows it: (pid, wait_event).
+pub fn worker_activity(c: &mut Client) -> std::result::Result<Option<(i32, Option<String>)>, postgres::Error> {
+    Ok(c
+        .query_opt(
+            "SELECT pid, wait_event FROM pg_stat_activity WHERE backend_type = 'tsoracle worker'",
+            &[],
+        )?
+        .map(|r| (r.get(0), r.get(1))))
+}
+
+/// `tso_status().promotion_to_first_ts_ms`.
+pub fn promotion_to_first_ts_ms(c: &mut Client) -> std::result::Result<Option<i64>, postgres::Error> {
+    c.query_one("SELECT promotion_to_first_ts_ms FROM tso_status()", &[])?.try_get(0)
+}
+
+/// Call `tso_next()` on `c` until it succeeds (retrying 57P03 every millisecond, bounded by
+/// `timeout`); returns the value and the time from `since`. Other errors are returned.
+pub fn first_timestamp(c: &mut Client, since: Instant, timeout: Duration) -> Result<(i64, Duration)> {
+    let deadline = Instant::now() + timeout;
+    let mut last = String::new();
+    loop {
+        match c.query_one("SELECT tso_next()", &[]).and_then(|r| r.try_get::<_, i64>(0)) {
+            Ok(v) => return Ok((v, since.elapsed())),
+            Err(e) if e.code() == Some(&SqlState::CANNOT_CONNECT_NOW) => last = pg_error_string(&e),
+            Err(e) => return Err(e.into()),
+        }
+        if Instant::now() > deadline {
+            return Err(HarnessError::Timeout(format!("no timestamp within {timeout:?}; last: {last}")));
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}

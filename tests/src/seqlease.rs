@@ -1,0 +1,352 @@
+//! Helpers for the dense sequences (`tso_seq`, `tso_seq_batch`) and the leases: a client load
+//! that records every sequence call in a [`DenseHistory`], the group-commit counters of
+//! `tso_status()`, the counters read back from `tsoracle.seq`, and `ALTER SYSTEM` + reload.
+//!
+//! # The sequence load
+//!
+//! [`SeqLoad`] runs N threads, each with its own connection (reconnecting across restarts
+//! like [`crate::Load`]). Each call is either `tso_seq(key, n)` for a random key of
+//! `keys` and `n` uniform in `1..=max_count`, or (with probability `batch_chance`)
+//! `tso_seq_batch(batch_keys, counts)` over all of `batch_keys`, in a random order. Every
+//! call is recorded per key: a batch becomes one [`crate::DenseCall`] per key, all with the
+//! call's start and end. An errored call is recorded as an error *with the count it asked
+//! for*, so a block the worker committed for a caller that never heard back (a burnt block)
+//! explains a gap of exactly that size.
+//!
+//! The rows a batch returns are checked on the spot (request order, one row per key, the
+//! counts asked for); a mismatch panics the thread, and [`SeqLoad::join`] propagates it.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use postgres::Client;
+
+use crate::error::{pg_error_string, HarnessError};
+use crate::history::DenseHistory;
+use crate::load::{Endpoint, MAX_LOAD_DURATION};
+use crate::node::Node;
+use crate::rng::SplitMix64;
+use crate::Result;
+
+/// The request-queue counters of `tso_status()`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct QueueCounters {
+    pub group_commits: i64,
+    pub grouped_requests: i64,
+    pub live_leases: i64,
+    pub worker_pid: Option<i32>,
+    pub fences: i64,
+}
+
+/// `SELECT group_commits, grouped_requests, live_leases, worker_pid, fences FROM tso_status()`.
+pub fn queue_counters(c: &mut Client) -> std::result::Result<QueueCounters, postgres::Error> {
+    let r = c.query_one(
+        "SELECT group_commits, grouped_requests, live_leases, worker_pid, fences FROM tso_status()",
+        &[],
+    )?;
+    Ok(QueueCounters {
+        group_commits: r.try_get(0)?,
+        grouped_requests: r.try_get(1)?,
+        live_leases: r.try_get(2)?,
+        worker_pid: r.try_get(3)?,
+        fences: r.try_get(4)?,
+    })
+}
+
+/// Every counter of `tsoracle.seq` (superuser): key → next.
+pub fn seq_totals(c: &mut Client) -> std::result::Result<BTreeMap<String, i64>, postgres::Error> {
+    Ok(c
+        .query("SELECT key, next FROM tsoracle.seq ORDER BY key", &[])?
+        .into_iter()
+        .map(|r| (r.get::<_, String>(0), r.get::<_, i64>(1)))
+        .collect())
+}
+
+/// `tso_seq(key, count)`.
+pub fn seq(c: &mut Client, key: &str, count: i32) -> std::result::Result<i64, postgres::Error> {
+    c.query_one("SELECT tso_seq($1, $2)", &[&key, &count])?.try_get(0)
+}
+
+/// `tso_seq_peek(key)`.
+pub fn peek(c: &mut Client, key: &str) -> std::result::Result<Option<i64>, postgres::Error> {
+    c.query_one("SELECT tso_seq_peek($1)", &[&key])?.try_get(0)
+}
+
+/// `SELECT key, start, count FROM tso_seq_batch(keys, counts)`, rows in the order returned.
+pub fn seq_batch(
+    c: &mut Client,
+    keys: &[&str],
+    counts: &[i32],
+) -> std::result::Result<Vec<(String, i64, i32)>, postgres::Error> {
+    let keys: Vec<String> = keys.iter().map(|s| s.to_string()).collect();
+    let counts: Vec<i32> = counts.to_vec();
+    c.query("SELECT key, start, count FROM tso_seq_batch($1::text[], $2::int[])", &[&keys, &counts])?
+        .into_iter()
+        .map(|r| Ok((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?)))
+        .collect()
+}
+
+/// The SQLSTATE of an error as text, or `"none"` (connection lost, client-side error).
+pub fn sqlstate_of(e: &postgres::Error) -> String {
+    e.code().map(|c| c.code().to_string()).unwrap_or_else(|| "none".into())
+}
+
+/// `ALTER SYSTEM SET name = value` (or `RESET name` for `None`), `pg_reload_conf()`, then wait
+/// (bounded) until a backend has re-read the configuration, and a little longer so that the
+/// tsoracle worker has too (it re-reads it at the top of its loop, which ticks at least every
+/// 200 ms). Returns the setting as a fresh session sees it.
+pub fn alter_system(node: &Node, name: &str, value: Option<&str>) -> Result<String> {
+    let mut c = node.try_connect(crate::node::CONNECT_TIMEOUT)?;
+    let before: String = c.query_one("SELECT pg_conf_load_time()::text", &[])?.get(0);
+    let sql = match value {
+        Some(v) => format!("ALTER SYSTEM SET {name} = '{}'", v.replace('\'', "''")),
+        None => format!("ALTER SYSTEM RESET {name}"),
+    };
+    c.batch_execute(&sql)?;
+    c.batch_execute("SELECT pg_reload_conf()")?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let now: String = c.query_one("SELECT pg_conf_load_time()::text", &[])?.get(0);
+        if now != before {
+            break;
+        }
+        if Instant::now() > deadline {
+            return Err(HarnessError::Timeout(format!("reload after `{sql}` not observed")));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let mut fresh = node.try_connect(crate::node::CONNECT_TIMEOUT)?;
+    let shown: String = fresh.query_one("SELECT current_setting($1)", &[&name])?.get(0);
+    Ok(shown)
+}
+
+/// Options of a [`SeqLoad`].
+#[derive(Clone, Debug)]
+pub struct SeqLoadOptions {
+    pub threads: usize,
+    pub duration: Duration,
+    /// Keys of the single-key calls.
+    pub keys: Vec<String>,
+    /// Keys of the batch calls (all of them in every batch, in a random order); empty: no
+    /// batches.
+    pub batch_keys: Vec<String>,
+    pub batch_chance: f64,
+    /// Counts are uniform in `1..=max_count`.
+    pub max_count: i32,
+    pub backoff: Duration,
+    pub statement_timeout_ms: u64,
+}
+
+impl SeqLoadOptions {
+    pub fn new(threads: usize, duration: Duration, keys: &[&str]) -> Self {
+        SeqLoadOptions {
+            threads,
+            duration,
+            keys: keys.iter().map(|s| s.to_string()).collect(),
+            batch_keys: Vec::new(),
+            batch_chance: 0.0,
+            max_count: 100,
+            backoff: Duration::from_millis(20),
+            statement_timeout_ms: 30_000,
+        }
+    }
+
+    pub fn batches(mut self, keys: &[&str], chance: f64) -> Self {
+        self.batch_keys = keys.iter().map(|s| s.to_string()).collect();
+        self.batch_chance = chance;
+        self
+    }
+}
+
+/// Totals of a [`SeqLoad`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SeqLoadStats {
+    /// Successful `tso_seq` calls.
+    pub single_ok: u64,
+    /// Successful `tso_seq_batch` calls.
+    pub batch_ok: u64,
+    /// Queue slots of the successful calls (1 per single call, one per key per batch).
+    pub slots_ok: u64,
+    pub err_calls: u64,
+    /// Errored calls by SQLSTATE (`"none"`: no server error, e.g. the connection broke).
+    pub errors_by_sqlstate: BTreeMap<String, u64>,
+    pub connects: u64,
+    pub connect_failures: u64,
+    pub sample_errors: Vec<String>,
+}
+
+impl SeqLoadStats {
+    pub fn ok_calls(&self) -> u64 {
+        self.single_ok + self.batch_ok
+    }
+
+    fn note(&mut self, e: String) {
+        if self.sample_errors.len() < 10 && !self.sample_errors.contains(&e) {
+            self.sample_errors.push(e);
+        }
+    }
+
+    fn merge(&mut self, o: SeqLoadStats) {
+        self.single_ok += o.single_ok;
+        self.batch_ok += o.batch_ok;
+        self.slots_ok += o.slots_ok;
+        self.err_calls += o.err_calls;
+        for (k, v) in o.errors_by_sqlstate {
+            *self.errors_by_sqlstate.entry(k).or_default() += v;
+        }
+        self.connects += o.connects;
+        self.connect_failures += o.connect_failures;
+        for e in o.sample_errors {
+            self.note(e);
+        }
+    }
+}
+
+/// A running sequence load (see the module documentation).
+pub struct SeqLoad {
+    stop: Arc<AtomicBool>,
+    handles: Vec<JoinHandle<SeqLoadStats>>,
+}
+
+impl SeqLoad {
+    pub fn start(endpoint: Endpoint, opts: SeqLoadOptions, history: DenseHistory) -> SeqLoad {
+        assert!(!opts.keys.is_empty() || !opts.batch_keys.is_empty(), "a sequence load needs keys");
+        let stop = Arc::new(AtomicBool::new(false));
+        let deadline = Instant::now() + opts.duration.min(MAX_LOAD_DURATION);
+        let handles = (0..opts.threads)
+            .map(|i| {
+                let (ep, stop, history, opts) = (endpoint.clone(), stop.clone(), history.clone(), opts.clone());
+                std::thread::Builder::new()
+                    .name(format!("seq-load-{i}"))
+                    .spawn(move || seq_worker(ep, history, stop, deadline, opts))
+                    .expect("spawn sequence load thread")
+            })
+            .collect();
+        SeqLoad { stop, handles }
+    }
+
+    pub fn stop(&self) {
+        self.stop.store(true, Ordering::SeqCst);
+    }
+
+    /// Wait for the threads; a panic in one (e.g. a malformed batch answer) is propagated.
+    pub fn join(mut self) -> SeqLoadStats {
+        let mut total = SeqLoadStats::default();
+        for h in self.handles.drain(..) {
+            match h.join() {
+                Ok(s) => total.merge(s),
+                Err(p) => std::panic::resume_unwind(p),
+            }
+        }
+        total
+    }
+
+    pub fn stop_and_join(self) -> SeqLoadStats {
+        self.stop();
+        self.join()
+    }
+}
+
+impl Drop for SeqLoad {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        for h in self.handles.drain(..) {
+            let _ = h.join();
+        }
+    }
+}
+
+fn seq_worker(
+    ep: Endpoint,
+    history: DenseHistory,
+    stop: Arc<AtomicBool>,
+    deadline: Instant,
+    opts: SeqLoadOptions,
+) -> SeqLoadStats {
+    let mut rng = SplitMix64::from_entropy();
+    let mut stats = SeqLoadStats::default();
+    let mut client: Option<Client> = None;
+    while !stop.load(Ordering::SeqCst) && Instant::now() < deadline {
+        let Some(c) = client.as_mut() else {
+            match ep.connect(opts.statement_timeout_ms) {
+                Ok(c) => {
+                    stats.connects += 1;
+                    client = Some(c);
+                }
+                Err(e) => {
+                    stats.connect_failures += 1;
+                    stats.note(format!("connect: {}", pg_error_string(&e)));
+                    std::thread::sleep(opts.backoff);
+                }
+            }
+            continue;
+        };
+        let batch = !opts.batch_keys.is_empty() && (opts.keys.is_empty() || rng.chance(opts.batch_chance));
+        // (key, count) of every entry of this call.
+        let entries: Vec<(String, i32)> = if batch {
+            let mut keys = opts.batch_keys.clone();
+            for i in (1..keys.len()).rev() {
+                let j = rng.range_inclusive(0, i as i64) as usize;
+                keys.swap(i, j);
+            }
+            keys.into_iter()
+                .map(|k| (k, rng.range_inclusive(1, opts.max_count as i64) as i32))
+                .collect()
+        } else {
+            let k = &opts.keys[rng.range_inclusive(0, opts.keys.len() as i64 - 1) as usize];
+            vec![(k.clone(), rng.range_inclusive(1, opts.max_count as i64) as i32)]
+        };
+        let start = Instant::now();
+        let result: std::result::Result<Vec<i64>, postgres::Error> = if batch {
+            let keys: Vec<&str> = entries.iter().map(|(k, _)| k.as_str()).collect();
+            let counts: Vec<i32> = entries.iter().map(|(_, n)| *n).collect();
+            seq_batch(c, &keys, &counts).map(|rows| {
+                assert_eq!(rows.len(), entries.len(), "tso_seq_batch({keys:?}, {counts:?}) returned {rows:?}");
+                for ((k, n), (rk, _, rn)) in entries.iter().zip(&rows) {
+                    assert!(
+                        k == rk && n == rn,
+                        "tso_seq_batch({keys:?}, {counts:?}) returned {rows:?}: not in request order"
+                    );
+                }
+                rows.into_iter().map(|(_, s, _)| s).collect()
+            })
+        } else {
+            seq(c, &entries[0].0, entries[0].1).map(|s| vec![s])
+        };
+        let end = Instant::now();
+        match result {
+            Ok(starts) => {
+                if batch {
+                    stats.batch_ok += 1;
+                } else {
+                    stats.single_ok += 1;
+                }
+                stats.slots_ok += entries.len() as u64;
+                for ((k, n), s) in entries.iter().zip(starts) {
+                    history.record_ok(start, end, &ep.name, k, s, *n as i64);
+                }
+            }
+            Err(e) => {
+                stats.err_calls += 1;
+                *stats.errors_by_sqlstate.entry(sqlstate_of(&e)).or_default() += 1;
+                let msg = pg_error_string(&e);
+                stats.note(msg.clone());
+                for (k, n) in &entries {
+                    history.record_err(start, end, &ep.name, k, msg.clone(), *n as i64);
+                }
+                let broken = c.is_closed()
+                    || e.as_db_error().is_none()
+                    || e.code().is_some_and(|s| s.code().starts_with("57") || s.code().starts_with("08"));
+                if broken {
+                    client = None;
+                }
+                std::thread::sleep(opts.backoff);
+            }
+        }
+    }
+    stats
+}
