@@ -5,6 +5,7 @@ use crate::error::{check_superuser, OrReport, TsoError};
 use crate::guc;
 use crate::oracle;
 use crate::shmem::{self, LEASE_BOUNDS, ORACLE, QUEUE};
+use std::sync::atomic::Ordering;
 use pgrx::prelude::*;
 use tsoracle_core::timestamp;
 
@@ -144,9 +145,14 @@ fn tso_status() -> TableIterator<
     };
     let live_leases = LEASE_BOUNDS.share().len as i64;
     let worker_pid = signals.worker_pid();
-    let counters = (st.timestamps_issued as i64, st.window_extensions as i64, st.fences as i64);
-    let promotion_to_first_ts_ms = (st.last_fence_promoted && st.first_grant_ms > 0)
-        .then(|| st.first_grant_ms.saturating_sub(st.worker_started_ms) as i64);
+    let issued = signals.timestamps_issued.load(Ordering::Relaxed) as i64;
+    let counters = (issued, st.window_extensions as i64, st.fences as i64);
+    let first_grant_ms = signals.first_grant_ms.load(Ordering::Relaxed);
+    let promotion_to_first_ts_ms = (st.last_fence_promoted && first_grant_ms > 0)
+        .then(|| first_grant_ms.saturating_sub(st.worker_started_ms) as i64);
+    // The allocator's bookkeeping, brought up to what the lock-free window has issued.
+    let mut allocator = st.allocator;
+    allocator.observe_issued(signals.window.next_ts());
 
     let row = if unsafe { pg_sys::RecoveryInProgress() } {
         // A standby serves nothing; show what it has replayed.
@@ -183,8 +189,8 @@ fn tso_status() -> TableIterator<
             (st.timeline > 0).then_some(i64::from(st.timeline)),
             serving.then_some(st.allocator.high_water_ms() as i64),
             serving.then_some(st.allocator.floor_ms() as i64),
-            st.allocator.last_issued().map(timestamp::to_sql),
-            serving.then(|| st.allocator.window_left_ms(crate::clock::now_ms()) as i64),
+            signals.window.last_issued().map(timestamp::to_sql),
+            serving.then(|| allocator.window_left_ms(crate::clock::now_ms()) as i64),
             counters.0,
             counters.1,
             counters.2,

@@ -33,8 +33,8 @@ pub fn define() {
     );
     GucRegistry::define_int_guc(
         c"tsoracle.failover_advance_ms",
-        c"Extra milliseconds the fence reserves above the durable high-water after a start or promotion.",
-        c"Covers windows that an asynchronous standby may not have received before a failover.",
+        c"Size of the first window the fence commits after a start or promotion.",
+        c"The fence serves from max(high-water + 1, now) and commits this much above it.",
         &FAILOVER_ADVANCE_MS,
         0,
         3_600_000,

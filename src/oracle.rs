@@ -36,19 +36,18 @@ enum Blocked {
     NotServing(Phase),
 }
 
-fn try_grant(count: u32) -> Result<Result<u64, Blocked>, TsoError> {
+fn try_grant(signals: &Signals, count: u32) -> Result<Result<u64, Blocked>, TsoError> {
     let now = now_ms();
-    let mut st = ORACLE.exclusive();
-    match st.allocator.try_grant(now, count) {
+    match signals.window.try_grant(now, count) {
         Ok(first) => {
-            st.timestamps_issued += u64::from(count);
-            if st.first_grant_ms == 0 {
-                st.first_grant_ms = now.max(1);
+            signals.timestamps_issued.fetch_add(u64::from(count), Ordering::Relaxed);
+            if signals.first_grant_ms.load(Ordering::Relaxed) == 0 {
+                signals.first_grant_ms.store(now.max(1), Ordering::Relaxed);
             }
             Ok(Ok(first))
         }
         Err(CoreError::WindowExhausted { .. }) => Ok(Err(Blocked::Exhausted)),
-        Err(CoreError::NotLeader) => Ok(Err(Blocked::NotServing(st.phase))),
+        Err(CoreError::NotLeader) => Ok(Err(Blocked::NotServing(ORACLE.share().phase))),
         Err(e) => Err(e.into()),
     }
 }
@@ -62,14 +61,14 @@ pub fn next(count: i64) -> Result<u64, TsoError> {
         .filter(|c| (1..=MAX_BATCH).contains(c))
         .ok_or_else(|| TsoError::InvalidArgument(format!("count must be between 1 and {MAX_BATCH}, got {count}")))?;
 
-    let blocked = match try_grant(count)? {
+    let blocked = match try_grant(signals, count)? {
         Ok(first) => return Ok(first),
         Err(blocked) => blocked,
     };
     let mut last_block = blocked;
     let outcome = wait_for_worker(signals, || {
         poke(signals, &last_block);
-        match try_grant(count)? {
+        match try_grant(signals, count)? {
             Ok(first) => Ok(Some(first)),
             Err(blocked) => {
                 last_block = blocked;

@@ -12,6 +12,7 @@ use std::cell::UnsafeCell;
 use std::ffi::CStr;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU64, Ordering};
 use tsoracle_core::allocator::Allocator;
+use tsoracle_core::window::AtomicWindow;
 
 /// What the oracle is doing, as shown by `tso_status()` and used to word errors.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -50,7 +51,6 @@ pub struct OracleState {
     pub max_committed_ms: u64,
     /// WAL timeline the current epoch was taken from.
     pub timeline: u32,
-    pub timestamps_issued: u64,
     pub window_extensions: u64,
     pub fences: u64,
     pub last_fence_us: u64,
@@ -61,8 +61,6 @@ pub struct OracleState {
     pub worker_started_ms: u64,
     /// The last fence found the durable row on an older timeline: a promotion.
     pub last_fence_promoted: bool,
-    /// Clock time of the first timestamp served after the last fence (0: none yet).
-    pub first_grant_ms: u64,
 }
 
 unsafe impl PGRXSharedMemory for OracleState {}
@@ -371,9 +369,15 @@ unsafe impl PGRXSharedMemory for LeaseBounds {}
 
 pub static LEASE_BOUNDS: PgLwLock<LeaseBounds> = unsafe { PgLwLock::new(c"tsoracle_lease_bounds") };
 
-/// Lock-free signals between callers and the worker.
+/// Lock-free state shared by callers and the worker: the window `tso_next()` takes from,
+/// and the signals between callers and the worker.
 #[repr(C)]
 pub struct Signals {
+    /// The hot path: timestamps are taken from here with one compare-and-swap.
+    pub window: AtomicWindow,
+    pub timestamps_issued: AtomicU64,
+    /// Clock time of the first timestamp served after the last fence (0: none yet).
+    pub first_grant_ms: AtomicU64,
     /// Broadcast by the worker whenever the committed window or the phase changes.
     window_moved: UnsafeCell<pg_sys::ConditionVariable>,
     /// Broadcast by the worker when it has answered requests (or freed queue slots).
@@ -491,6 +495,9 @@ impl PgSharedMemoryInitialization for SharedSignals {
             .cast::<Signals>();
             if !found {
                 ptr.write(Signals {
+                    window: AtomicWindow::new(),
+                    timestamps_issued: AtomicU64::new(0),
+                    first_grant_ms: AtomicU64::new(0),
                     window_moved: UnsafeCell::new(std::mem::zeroed()),
                     requests_answered: UnsafeCell::new(std::mem::zeroed()),
                     worker_latch: AtomicPtr::new(std::ptr::null_mut()),

@@ -154,6 +154,7 @@ impl Worker {
     /// `min_floor_ms` > 0 is a `tso_seed()` request.
     fn fence(&mut self, min_floor_ms: u64) {
         let started = Instant::now();
+        self.signals.window.close();
         let remembered_ms = {
             let mut st = ORACLE.exclusive();
             st.allocator.step_down();
@@ -193,7 +194,11 @@ impl Worker {
 
         {
             let mut st = ORACLE.exclusive();
-            if let Err(e) = st.allocator.become_leader(floor_ms, high_water_ms, epoch) {
+            let seeded = st
+                .allocator
+                .become_leader(floor_ms, high_water_ms, epoch)
+                .and_then(|()| self.signals.window.open(floor_ms, high_water_ms));
+            if let Err(e) = seeded {
                 drop(st);
                 pgrx::error!("tsoracle fence produced an invalid seed: {e}");
             }
@@ -205,7 +210,7 @@ impl Worker {
             st.last_fence_us = started.elapsed().as_micros() as u64;
             st.seeded_ms = st.seeded_ms.max(min_floor_ms);
             st.last_fence_promoted = promoted;
-            st.first_grant_ms = 0;
+            self.signals.first_grant_ms.store(0, std::sync::atomic::Ordering::Relaxed);
         }
         self.signals.broadcast();
         pgrx::log!(
@@ -241,7 +246,8 @@ impl Worker {
             let requested = self.signals.take_extension_request();
             let now = now_ms();
             let extension = {
-                let st = ORACLE.share();
+                let mut st = ORACLE.exclusive();
+                st.allocator.observe_issued(self.signals.window.next_ts());
                 if requested || st.allocator.needs_extension(now, window_ahead) {
                     st.allocator.prepare_window_extension(now, window_ahead).ok()
                 } else {
@@ -284,6 +290,7 @@ impl Worker {
             let mut st = ORACLE.exclusive();
             let result = st.allocator.commit_window_extension(actual_ms, epoch);
             if result.is_ok() {
+                self.signals.window.extend(st.allocator.high_water_ms());
                 st.worker_commits += 1;
                 st.max_committed_ms = st.max_committed_ms.max(actual_ms);
             }

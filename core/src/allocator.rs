@@ -27,6 +27,54 @@ pub struct Allocator {
     serving: bool,
 }
 
+/// A batch must have 1 to `MAX_BATCH` timestamps.
+pub fn check_count(count: u32) -> Result<(), CoreError> {
+    if count == 0 || count > MAX_BATCH {
+        return Err(CoreError::InvalidCount {
+            got: i64::from(count),
+            max: u64::from(MAX_BATCH),
+        });
+    }
+    Ok(())
+}
+
+/// Where a grant of `count` timestamps lands: the first of them. `next_ts` is one past the
+/// last issued (0 = none). first = max(next_ts, pack(now_ms, 0), pack(floor_ms, 0)); if the
+/// batch does not fit in that millisecond's logical space it moves to the start of the next
+/// one (never wraps). Fails with `WindowExhausted` above `high_water_ms`.
+pub fn place_grant(
+    next_ts: u64,
+    floor_ms: u64,
+    high_water_ms: u64,
+    now_ms: u64,
+    count: u32,
+) -> Result<u64, CoreError> {
+    check_count(count)?;
+    let count = u64::from(count);
+    // Compare in (physical, logical) form: now_ms is untrusted and may not pack.
+    let lowest_ms = now_ms.max(floor_ms);
+    let (mut phys, mut log) = if lowest_ms > physical_ms(next_ts) {
+        (lowest_ms, 0)
+    } else {
+        (physical_ms(next_ts), logical(next_ts))
+    };
+    if log + count > LOGICAL_PER_MS {
+        phys = phys.saturating_add(1);
+        log = 0;
+    }
+    if phys > high_water_ms {
+        return Err(CoreError::WindowExhausted {
+            needed_ms: phys,
+            high_water_ms,
+        });
+    }
+    // Keeps every issued timestamp a non-negative bigint.
+    if phys > MAX_SQL_PHYSICAL_MS {
+        return Err(CoreError::PhysicalOutOfRange(phys));
+    }
+    pack(phys, log)
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct WindowExtension {
     pub requested_ms: u64,
@@ -88,42 +136,21 @@ impl Allocator {
     /// (never wraps). Fails with `WindowExhausted` if that is above the committed high-water;
     /// on any error the state is unchanged.
     pub fn try_grant(&mut self, now_ms: u64, count: u32) -> Result<u64, CoreError> {
-        if count == 0 || count > MAX_BATCH {
-            return Err(CoreError::InvalidCount {
-                got: i64::from(count),
-                max: u64::from(MAX_BATCH),
-            });
-        }
+        check_count(count)?;
         if !self.serving {
             return Err(CoreError::NotLeader);
         }
-        let count = u64::from(count);
-
-        // Compare in (physical, logical) form: now_ms is untrusted and may not pack.
-        let lowest_ms = now_ms.max(self.floor_ms);
-        let (mut phys, mut log) = if lowest_ms > physical_ms(self.next_ts) {
-            (lowest_ms, 0)
-        } else {
-            (physical_ms(self.next_ts), logical(self.next_ts))
-        };
-        if log + count > LOGICAL_PER_MS {
-            phys = phys.saturating_add(1);
-            log = 0;
-        }
-
-        if phys > self.high_water_ms {
-            return Err(CoreError::WindowExhausted {
-                needed_ms: phys,
-                high_water_ms: self.high_water_ms,
-            });
-        }
-        // Keeps every issued timestamp a non-negative bigint.
-        if phys > MAX_SQL_PHYSICAL_MS {
-            return Err(CoreError::PhysicalOutOfRange(phys));
-        }
-        let first = pack(phys, log)?;
-        self.next_ts = first + count;
+        let first = place_grant(self.next_ts, self.floor_ms, self.high_water_ms, now_ms, count)?;
+        self.next_ts = first + u64::from(count);
         Ok(first)
+    }
+
+    /// The worker learns how far the lock-free window (`AtomicWindow`) has issued, so that
+    /// `window_left_ms` and `needs_extension` account for bursts that ran ahead of the clock.
+    pub fn observe_issued(&mut self, next_ts: u64) {
+        if self.serving {
+            self.next_ts = self.next_ts.max(next_ts);
+        }
     }
 
     /// Would a grant of `count` at now_ms succeed? (no state change)

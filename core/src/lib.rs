@@ -1,5 +1,5 @@
 //! The pure logic of tsoracle: timestamp packing, the window allocator, dense-sequence
-//! group splitting and the lease table. No PostgreSQL here, so all of it is unit- and
+//! group planning, the lease table, and the lock-free window the hot path takes from. No PostgreSQL here, so all of it is unit- and
 //! property-testable in microseconds; the extension crate does the I/O around it.
 
 pub mod allocator;
@@ -7,5 +7,6 @@ pub mod error;
 pub mod lease;
 pub mod seq;
 pub mod timestamp;
+pub mod window;
 
 pub use error::CoreError;

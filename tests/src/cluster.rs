@@ -414,13 +414,12 @@ pub fn promotion_to_first_ts_ms(c: &mut Client) -> std::result::Result<Option<i6
 /// `timeout`); returns the value and the time from `since`. Other errors are returned.
 pub fn first_timestamp(c: &mut Client, since: Instant, timeout: Duration) -> Result<(i64, Duration)> {
     let deadline = Instant::now() + timeout;
-    let mut last = String::new();
     loop {
-        match c.query_one("SELECT tso_next()", &[]).and_then(|r| r.try_get::<_, i64>(0)) {
+        let last = match c.query_one("SELECT tso_next()", &[]).and_then(|r| r.try_get::<_, i64>(0)) {
             Ok(v) => return Ok((v, since.elapsed())),
-            Err(e) if e.code() == Some(&SqlState::CANNOT_CONNECT_NOW) => last = pg_error_string(&e),
+            Err(e) if e.code() == Some(&SqlState::CANNOT_CONNECT_NOW) => pg_error_string(&e),
             Err(e) => return Err(e.into()),
-        }
+        };
         if Instant::now() > deadline {
             return Err(HarnessError::Timeout(format!("no timestamp within {timeout:?}; last: {last}")));
         }

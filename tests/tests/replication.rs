@@ -1,0 +1,683 @@
+//! Streaming replication and failover: a primary with a synchronous standby made by
+//! `pg_basebackup -R`, on loopback ports.
+//!
+//! Every test builds its own clusters. The load ([`MixedLoad`]) calls `tso_next()`,
+//! `tso_next_batch(k)` and `tso_seq(key, k)` on three keys from 16 sessions, follows the
+//! "current primary" pointer, and records every call (errors included) with the name of the
+//! node that answered: timestamps in a [`History`] (unique, real-time ordered), sequence blocks
+//! in a [`DenseHistory`] (per key: no overlap, real-time ordered, tiling `[0, tso_seq_peek)`
+//! with gaps explained only by errored calls).
+//!
+//! The load is moved to a new primary only once the old one can no longer answer (stopped or
+//! killed): PostgreSQL has no leadership lease, so an old primary that is still up may serve
+//! from the window it had already committed (never above it: it cannot commit without its
+//! synchronous standby). Those values are still below everything the new primary issues
+//! (test 1 checks it), but a client that talked to the new primary and *then* to the old one
+//! would see time go back; that is the split brain a failover procedure has to fence off.
+//!
+//! Run with: `cargo test -p tsoracle-tests --test replication -- --test-threads=1`
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use postgres::error::SqlState;
+use postgres::Client;
+use tsoracle_tests::cluster::{
+    first_timestamp, make_sync, promotion_to_first_ts_ms, remove_primary_conninfo, wait_end_of_local_wal,
+    wait_replayed, worker_activity, MixedLoad, MixedLoadOptions, PrimaryPointer,
+};
+use tsoracle_tests::tso::{durable_high_water, status, tso_next, TsoStatus};
+use tsoracle_tests::{expect_sqlstate, pg_error_string, physical, DenseHistory, History, Node, NodeOpts, StopMode};
+
+const KEYS: [&str; 3] = ["k0", "k1", "k2"];
+
+// ------------------------------------------------------------------------------- helpers
+
+/// A serving primary (extension created) and a started hot standby made from it by
+/// `pg_basebackup -R` (application_name = its node name), which the primary then waits for
+/// synchronously (`synchronous_standby_names`, set after `CREATE EXTENSION`: with no standby
+/// connected every commit would block). The standby's own configuration has no
+/// `synchronous_standby_names` (it was copied before they were set), so once promoted it
+/// commits without waiting for a standby.
+fn sync_pair(primary_name: &str, standby_name: &str) -> (Node, Node) {
+    let mut primary = Node::start_new(primary_name, NodeOpts::new()).expect("start primary");
+    primary
+        .create_extension()
+        .unwrap_or_else(|e| panic!("CREATE EXTENSION / wait_serving on the primary: {e}"));
+    let mut standby = Node::base_backup_from(&primary, standby_name).expect("pg_basebackup");
+    standby.start().expect("start standby");
+    make_sync(&mut primary, standby.name()).unwrap_or_else(|e| panic!("synchronous standby: {e}"));
+    (primary, standby)
+}
+
+fn status_of(c: &mut Client) -> TsoStatus {
+    status(c).unwrap_or_else(|e| panic!("tso_status(): {}", pg_error_string(&e)))
+}
+
+fn mixed_load(target: &PrimaryPointer, ts: &History, dense: &DenseHistory) -> MixedLoad {
+    MixedLoad::start(
+        target.clone(),
+        MixedLoadOptions {
+            threads: 16,
+            duration: Duration::from_secs(240),
+            seq_keys: KEYS.iter().map(|k| k.to_string()).collect(),
+            ..Default::default()
+        },
+        ts.clone(),
+        dense.clone(),
+    )
+}
+
+/// Wait (bounded) until at least `n` successful timestamp calls started at or after `since`.
+#[track_caller]
+fn wait_progress(history: &History, since: Instant, n: usize, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while history.ok_calls_started_after(since) < n {
+        assert!(
+            Instant::now() < deadline,
+            "{what}: fewer than {n} successful calls in 30 s ({} so far)",
+            history.ok_calls_started_after(since)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// (min first, max last, successful calls) of the timestamps a node issued.
+fn node_range(history: &History, node: &str) -> Option<(i64, i64, usize)> {
+    let calls: Vec<_> = history.calls().into_iter().filter(|c| c.node == node && c.is_ok()).collect();
+    let lo = calls.iter().filter_map(|c| c.first()).min()?;
+    let hi = calls.iter().filter_map(|c| c.last()).max()?;
+    Some((lo, hi, calls.len()))
+}
+
+/// Successful sequence blocks a node handed out.
+fn dense_ok_on(dense: &DenseHistory, node: &str) -> usize {
+    dense.calls().iter().filter(|c| c.node == node && c.result.is_ok()).count()
+}
+
+/// `tso_seq_peek(key)` for every key: the counter values the dense check tiles up to.
+fn seq_totals(c: &mut Client) -> BTreeMap<String, i64> {
+    KEYS.iter()
+        .map(|k| {
+            let v: Option<i64> = c
+                .query_one("SELECT tso_seq_peek($1)", &[k])
+                .and_then(|r| r.try_get(0))
+                .unwrap_or_else(|e| panic!("tso_seq_peek({k}): {}", pg_error_string(&e)));
+            (k.to_string(), v.unwrap_or(0))
+        })
+        .collect()
+}
+
+/// Both checks over the whole run, panicking with the violation.
+fn check_histories(ts: &History, dense: &DenseHistory, totals: &BTreeMap<String, i64>, what: &str) {
+    let report = ts
+        .check()
+        .unwrap_or_else(|v| panic!("{what}: timestamp history check failed: {v}"));
+    let dr = dense
+        .check(Some(totals))
+        .unwrap_or_else(|v| panic!("{what}: sequence history check failed: {v}"));
+    eprintln!(
+        "{what}: timestamps: {} calls ({} ok, {} errored), {} values, per node {:?}",
+        report.calls, report.ok_calls, report.err_calls, report.values, report.per_node
+    );
+    for (k, kr) in &dr.keys {
+        eprintln!(
+            "{what}: sequence {k}: total {}, {} ok blocks, {} errored calls, gaps {:?}",
+            kr.total, kr.ok_calls, kr.err_calls, kr.gaps
+        );
+    }
+}
+
+/// Open a session on the standby before promoting it (a hot-standby session survives the
+/// promotion), promote with `pg_promote(true, 60)`, and time the first `tso_next()` that
+/// succeeds after `pg_promote()` returned. Returns (first value, time to it,
+/// `promotion_to_first_ts_ms`, the new primary's status).
+fn promote_and_time(standby: &Node, label: &str) -> (i64, Duration, Option<i64>, TsoStatus) {
+    let mut c = standby.connect();
+    standby.promote().unwrap_or_else(|e| panic!("{label}: pg_promote: {e}"));
+    let promoted = Instant::now();
+    let (first, took) = first_timestamp(&mut c, promoted, Duration::from_secs(30))
+        .unwrap_or_else(|e| panic!("{label}: no timestamp from the promoted standby: {e}"));
+    let st = status_of(&mut c);
+    let p2f = promotion_to_first_ts_ms(&mut c).unwrap_or_else(|e| panic!("{}", pg_error_string(&e)));
+    eprintln!(
+        "{label}: PROMOTION TIMING: pg_promote() returned -> first tso_next() {:.1} ms; \
+         tso_status().promotion_to_first_ts_ms = {p2f:?}; last_fence_ms = {:?}",
+        took.as_secs_f64() * 1e3,
+        st.last_fence_ms
+    );
+    (first, took, p2f, st)
+}
+
+/// Checks shared by the two single-failover tests.
+#[allow(clippy::too_many_arguments)]
+fn check_single_failover(
+    label: &str,
+    ts: &History,
+    dense: &DenseHistory,
+    old: &str,
+    new: &Node,
+    first_new: i64,
+    st_old: &TsoStatus,
+    st_new: &TsoStatus,
+    p2f: Option<i64>,
+) {
+    let mut c = new.connect();
+    let totals = seq_totals(&mut c);
+    check_histories(ts, dense, &totals, label);
+
+    let (old_lo, old_hi, old_n) = node_range(ts, old).expect("the old primary issued timestamps");
+    let (new_lo, new_hi, new_n) = node_range(ts, new.name()).expect("the new primary issued timestamps");
+    assert!(old_n >= 100 && new_n >= 100, "{label}: {old_n} calls on the old primary, {new_n} on the new one");
+    assert!(dense_ok_on(dense, old) > 0, "{label}: no tso_seq succeeded on the old primary");
+    assert!(dense_ok_on(dense, new.name()) > 0, "{label}: no tso_seq succeeded on the new primary");
+    assert!(
+        first_new > old_hi,
+        "{label}: first timestamp of the new primary {first_new} (physical {}) is not above the last one of the old primary {old_hi} (physical {})",
+        physical(first_new),
+        physical(old_hi)
+    );
+    assert!(new_lo > old_hi, "{label}: the new primary issued {new_lo} <= {old_hi} issued by the old one");
+    let _ = old_lo;
+
+    assert_eq!(st_new.role, "primary", "{st_new:?}");
+    assert_eq!(st_new.state, "serving", "{st_new:?}");
+    assert_eq!(st_new.timeline, Some(2), "promotion moves to timeline 2: {st_new:?}");
+    assert_eq!(st_new.epoch, Some(2), "the epoch is the new timeline: {st_new:?}");
+    assert!(
+        st_new.epoch > st_old.epoch && st_new.timeline > st_old.timeline,
+        "epoch/timeline did not rise: {st_old:?} -> {st_new:?}"
+    );
+    assert!(st_new.fences.unwrap_or(0) >= 1, "{st_new:?}");
+    assert!(
+        p2f.is_some_and(|v| v >= 0),
+        "{label}: promotion_to_first_ts_ms is {p2f:?} after a promotion and a served timestamp"
+    );
+    // The new primary still goes forward.
+    let v = tso_next(&mut c).unwrap();
+    assert!(v > new_hi && v > first_new);
+}
+
+// ---------------------------------------------------------------------------------------- 1
+
+/// Under load, promote the synchronous standby while the old primary is still up, stop the
+/// old primary (fast), then move the load. Every value the old primary issued, including those
+/// it served from its already committed window after the promotion, is below the first value
+/// of the new primary; both histories pass; epoch and timeline go from 1 to 2.
+#[test]
+fn promote_after_clean_stop() {
+    let (mut primary, standby) = sync_pair("primary", "standby1");
+    let st_old = status_of(&mut primary.connect());
+    assert_eq!((st_old.epoch, st_old.timeline), (Some(1), Some(1)), "{st_old:?}");
+    assert_eq!(st_old.sync_replication, Some(true), "{st_old:?}");
+
+    let (ts, dense) = (History::new(), DenseHistory::new());
+    let target = PrimaryPointer::new(&primary);
+    let load = mixed_load(&target, &ts, &dense);
+    let t0 = Instant::now();
+    wait_progress(&ts, t0, 300, "before the promotion");
+
+    // A prober calling only tso_next() on the old primary through the promotion, so that the
+    // old primary's window is exercised while the new primary already serves (the load's
+    // sessions soon all wait in tso_seq, which needs a commit the old primary cannot make).
+    let probing = Arc::new(AtomicBool::new(true));
+    let prober = {
+        let (probing, ts, node) = (probing.clone(), ts.clone(), primary.name().to_string());
+        let mut c = primary.connect();
+        std::thread::spawn(move || {
+            while probing.load(Ordering::SeqCst) {
+                let start = Instant::now();
+                match tso_next(&mut c) {
+                    Ok(v) => ts.record_ok(start, Instant::now(), &node, v, 1),
+                    Err(e) => {
+                        ts.record_err(start, Instant::now(), &node, pg_error_string(&e), 1);
+                        if c.is_closed() || e.as_db_error().is_none() {
+                            break;
+                        }
+                    }
+                }
+            }
+        })
+    };
+    let (first_new, _, p2f, st_new) = promote_and_time(&standby, "clean");
+    let promoted = Instant::now();
+    // The old primary keeps serving from its committed window for a moment: let it.
+    std::thread::sleep(Duration::from_millis(300));
+    primary.stop(StopMode::Fast).expect("stop the old primary (fast)");
+    probing.store(false, Ordering::SeqCst);
+    prober.join().unwrap();
+    target.set(&standby);
+    let moved = Instant::now();
+    wait_progress(&ts, moved, 300, "after the failover");
+    let stats = load.stop_and_join();
+    eprintln!(
+        "clean: the old primary answered {} tso_next() calls that started after pg_promote() returned (all must be below {first_new}); load {stats:?}",
+        ts.calls()
+            .iter()
+            .filter(|c| c.node == primary.name() && c.is_ok() && c.start >= promoted)
+            .count()
+    );
+    check_single_failover("clean", &ts, &dense, primary.name(), &standby, first_new, &st_old, &st_new, p2f);
+}
+
+// ---------------------------------------------------------------------------------------- 2
+
+/// Under load, kill -9 the primary's postmaster and all its processes, promote the
+/// synchronous standby, move the load: everything the new primary issues is above everything
+/// the old one issued; both histories pass; epoch and timeline go from 1 to 2.
+#[test]
+fn promote_after_kill9() {
+    let (mut primary, standby) = sync_pair("primary", "standby1");
+    let st_old = status_of(&mut primary.connect());
+    assert_eq!((st_old.epoch, st_old.timeline), (Some(1), Some(1)), "{st_old:?}");
+
+    let (ts, dense) = (History::new(), DenseHistory::new());
+    let target = PrimaryPointer::new(&primary);
+    let load = mixed_load(&target, &ts, &dense);
+    let t0 = Instant::now();
+    wait_progress(&ts, t0, 300, "before the kill");
+
+    let killed = primary.kill9_postmaster().expect("kill -9 the old primary");
+    assert!(!killed.is_empty());
+    let (first_new, _, p2f, st_new) = promote_and_time(&standby, "kill9");
+    target.set(&standby);
+    let moved = Instant::now();
+    wait_progress(&ts, moved, 300, "after the failover");
+    let stats = load.stop_and_join();
+    eprintln!("kill9: load {stats:?}");
+    check_single_failover("kill9", &ts, &dense, primary.name(), &standby, first_new, &st_old, &st_new, p2f);
+}
+
+// ---------------------------------------------------------------------------------------- 3
+
+/// Three failovers in a row under one continuous load (old primary stopped fast, then killed
+/// -9, then stopped immediate, each before the promotion); after each one a fresh standby is
+/// base-backed-up from the new primary and made synchronous. The epoch goes 1 -> 2 -> 3 -> 4,
+/// each primary's values are above the previous one's, and the combined histories pass.
+#[test]
+fn three_promotions_in_a_row() {
+    let (mut primary, mut standby) = sync_pair("node1", "node2");
+    let st = status_of(&mut primary.connect());
+    assert_eq!(st.epoch, Some(1), "{st:?}");
+    let mut order = vec![(primary.name().to_string(), st.epoch)];
+
+    let (ts, dense) = (History::new(), DenseHistory::new());
+    let target = PrimaryPointer::new(&primary);
+    let load = mixed_load(&target, &ts, &dense);
+    let mut since = Instant::now();
+    let mut timings = Vec::new();
+    for (round, how) in ["fast", "kill9", "immediate"].into_iter().enumerate() {
+        wait_progress(&ts, since, 200, &format!("round {round}: on {}", primary.name()));
+        match how {
+            "fast" => primary.stop(StopMode::Fast).expect("stop fast"),
+            "immediate" => primary.stop(StopMode::Immediate).expect("stop immediate"),
+            _ => {
+                primary.kill9_postmaster().expect("kill -9");
+            }
+        }
+        let (_, took, p2f, st) = promote_and_time(&standby, &format!("round {} ({how})", round + 1));
+        target.set(&standby);
+        since = Instant::now();
+        let want = round as i64 + 2;
+        assert_eq!(st.epoch, Some(want), "promotion {}: {st:?}", round + 1);
+        assert_eq!(st.timeline, Some(want), "promotion {}: {st:?}", round + 1);
+        assert!(p2f.is_some(), "promotion_to_first_ts_ms after promotion {}: {st:?}", round + 1);
+        timings.push((took, p2f));
+        order.push((standby.name().to_string(), st.epoch));
+
+        // A fresh standby from the new primary, made synchronous.
+        let mut fresh = Node::base_backup_from(&standby, &format!("node{}", round + 3))
+            .unwrap_or_else(|e| panic!("base backup from {}: {e}", standby.name()));
+        fresh.start().expect("start the fresh standby");
+        make_sync(&mut standby, fresh.name()).unwrap_or_else(|e| panic!("round {round}: {e}"));
+        let old = std::mem::replace(&mut primary, std::mem::replace(&mut standby, fresh));
+        drop(old);
+        let st = status_of(&mut primary.connect());
+        assert_eq!(st.sync_replication, Some(true), "{st:?}");
+    }
+    wait_progress(&ts, since, 200, "after the last promotion");
+    let stats = load.stop_and_join();
+
+    let mut c = primary.connect();
+    let totals = seq_totals(&mut c);
+    check_histories(&ts, &dense, &totals, "three promotions");
+    // Each primary, in order, issued values above all of its predecessor's.
+    let mut prev: Option<(String, i64)> = None;
+    for (node, epoch) in &order {
+        let (lo, hi, n) = node_range(&ts, node).unwrap_or_else(|| panic!("{node} (epoch {epoch:?}) issued nothing"));
+        assert!(n >= 100, "{node}: only {n} calls");
+        assert!(dense_ok_on(&dense, node) > 0, "{node}: no tso_seq succeeded");
+        if let Some((pn, phi)) = &prev {
+            assert!(lo > *phi, "{node} (epoch {epoch:?}) issued {lo}, not above {phi} issued by {pn}");
+        }
+        prev = Some((node.clone(), hi));
+    }
+    let st = status_of(&mut c);
+    assert_eq!((st.epoch, st.timeline), (Some(4), Some(4)), "{st:?}");
+    eprintln!(
+        "three promotions: primaries and epochs {order:?}; timings (pg_promote -> first tso_next, promotion_to_first_ts_ms) {:?}; load {stats:?}",
+        timings
+            .iter()
+            .map(|(d, p)| (format!("{:.1} ms", d.as_secs_f64() * 1e3), *p))
+            .collect::<Vec<_>>()
+    );
+}
+
+// ---------------------------------------------------------------------------------------- 4
+
+/// On a hot standby every function that issues or reads allocator state fails with 25006 and
+/// a HINT naming the primary's host and port; tso_status() works and shows role/state
+/// 'standby', the replay timeline and the replayed durable high-water.
+#[test]
+fn standby_errors_and_status() {
+    let (primary, standby) = sync_pair("primary", "standby1");
+    let mut pc = primary.connect();
+    let mut max = 0i64;
+    for _ in 0..200 {
+        max = max.max(tso_next(&mut pc).unwrap());
+    }
+    let b: i64 = pc.query_one("SELECT tso_next_batch(1000)", &[]).unwrap().get(0);
+    max = max.max(b + 999);
+    let s: i64 = pc.query_one("SELECT tso_seq('k0', 3)", &[]).unwrap().get(0);
+    let lease: i64 = pc
+        .query_one("SELECT lease_id FROM tso_lease_acquire('holder-1', 1, 30000)", &[])
+        .unwrap_or_else(|e| panic!("tso_lease_acquire on the primary: {}", pg_error_string(&e)))
+        .get(0);
+    let pst = status_of(&mut pc);
+    let last_issued = pst.last_issued.expect("last_issued on the primary");
+    assert!(last_issued >= max);
+    let durable = durable_high_water(&mut pc).unwrap().expect("a durable high-water");
+    let lsn = wait_replayed(&primary, &standby).unwrap_or_else(|e| panic!("replay: {e}"));
+
+    let mut sc = standby.connect();
+    let hint_needle = format!("host=127.0.0.1 port={}", primary.port());
+    let calls: Vec<(&str, String)> = vec![
+        ("tso_next", "SELECT tso_next()".into()),
+        ("tso_next_batch", "SELECT tso_next_batch(10)".into()),
+        ("tso_seq", "SELECT tso_seq('k0', 1)".into()),
+        ("tso_seq_batch", "SELECT * FROM tso_seq_batch(ARRAY['k0', 'k1'], ARRAY[1, 2])".into()),
+        ("tso_seq_peek", "SELECT tso_seq_peek('k0')".into()),
+        ("tso_lease_acquire", "SELECT * FROM tso_lease_acquire('holder-2', 1, 30000)".into()),
+        ("tso_lease_renew", format!("SELECT * FROM tso_lease_renew({lease})")),
+        ("tso_lease_release", format!("SELECT tso_lease_release({lease})")),
+        ("tso_safe_frontier", "SELECT tso_safe_frontier()".into()),
+    ];
+    for (what, sql) in &calls {
+        let e = expect_sqlstate(sc.batch_execute(sql), &SqlState::READ_ONLY_SQL_TRANSACTION, &format!("{what} on the standby"));
+        let db = e.as_db_error().unwrap();
+        let hint = db.hint().unwrap_or("");
+        assert!(
+            hint.contains(&format!("{hint_needle} ")) || hint.ends_with(&hint_needle),
+            "{what} on the standby: HINT does not name the primary ({hint_needle}): {}",
+            pg_error_string(&e)
+        );
+        eprintln!("standby: {what}: {}", pg_error_string(&e));
+    }
+    // The session is still usable, and pure functions work.
+    let p: i64 = sc.query_one("SELECT tso_physical($1)", &[&max]).unwrap().get(0);
+    assert_eq!(p, physical(max));
+
+    let st = status_of(&mut sc);
+    assert_eq!(st.role, "standby", "{st:?}");
+    assert_eq!(st.state, "standby", "{st:?}");
+    assert_eq!(st.timeline, Some(1), "{st:?}");
+    assert!(
+        st.detail.as_deref().is_some_and(|d| d.contains(&hint_needle)),
+        "standby status detail does not name the primary: {st:?}"
+    );
+    let hw = st.high_water_ms.expect("the replayed high-water on the standby");
+    assert!(
+        hw >= durable,
+        "replayed high-water {hw} below the primary's durable high-water {durable} (replayed to {lsn})"
+    );
+    assert!(
+        hw >= physical(last_issued),
+        "replayed high-water {hw} below the physical ms {} of the primary's last issued timestamp",
+        physical(last_issued)
+    );
+    // The same figure read from the table.
+    let table: i64 = sc
+        .query_one("SELECT max(physical_ms)::bigint FROM tsoracle.high_water", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(hw, table, "tso_status().high_water_ms vs tsoracle.high_water on the standby");
+    // Sequence state was replicated too (read on the promoted node below).
+    drop(sc);
+    drop(pc);
+    drop(primary);
+    standby.promote().unwrap();
+    let st = standby.wait_serving().unwrap();
+    assert_eq!((st.role.as_str(), st.epoch), ("primary", Some(2)), "{st:?}");
+    let mut c = standby.connect();
+    let next: Option<i64> = c.query_one("SELECT tso_seq_peek('k0')", &[]).unwrap().get(0);
+    assert_eq!(next, Some(s + 3), "the replicated counter of k0");
+    let v = tso_next(&mut c).unwrap();
+    assert!(v > last_issued, "after promotion {v} <= {last_issued}");
+}
+
+// ---------------------------------------------------------------------------------------- 5
+
+/// The synchronous-replication trap. With the standby down, the primary's worker blocks in
+/// its commit (SyncRep wait); a query cancel must not end that wait (PostgreSQL would report
+/// the commit as done), and a terminate ends it but the worker must not serve from it.
+///
+/// What is guaranteed, and asserted: every window the primary's allocator ever served from
+/// was committed AND flushed by the synchronous standby, so
+///   * every timestamp the old primary returned has physical ms <= the high-water the standby
+///     replays from its own disk, and so does every `tso_status().high_water_ms` (the
+///     allocator's committed bound) sampled on the primary;
+///   * after the terminate the restarted worker's fence cannot commit: nothing is served;
+///   * every `tso_seq` block the old primary returned is below the standby's counter
+///     (`BeyondTotal` would catch one that is not);
+///   * the promoted standby starts above everything the old primary returned.
+///
+/// Not guaranteed (and only reported): the old primary's own `tsoracle.high_water` row may be
+/// above the standby's, since a commit whose wait was cut short is still committed locally.
+#[test]
+fn sync_wait_cancelled_never_serves_above_standby() {
+    let (mut primary, mut standby) = sync_pair("primary", "standby1");
+    let mut ctl = primary.connect();
+    let st0 = status_of(&mut ctl);
+    assert_eq!(st0.sync_replication, Some(true), "{st0:?}");
+
+    // Sample the primary's tso_status() all along: the largest allocator bound and the
+    // largest last_issued it ever showed.
+    let sampling = Arc::new(AtomicBool::new(true));
+    let samples = Arc::new(Mutex::new((None::<i64>, None::<i64>, Vec::<String>::new())));
+    let sampler = {
+        let (sampling, samples) = (sampling.clone(), samples.clone());
+        let mut c = primary.connect();
+        std::thread::spawn(move || {
+            while sampling.load(Ordering::SeqCst) {
+                if let Ok(st) = status(&mut c) {
+                    let mut g = samples.lock().unwrap();
+                    if let Some(h) = st.high_water_ms {
+                        g.0 = Some(g.0.map_or(h, |m: i64| m.max(h)));
+                    }
+                    if let Some(l) = st.last_issued {
+                        g.1 = Some(g.1.map_or(l, |m: i64| m.max(l)));
+                    }
+                    let s = format!("{}/{:?}", st.state, st.worker_pid);
+                    if g.2.last() != Some(&s) {
+                        g.2.push(s);
+                    }
+                } else if c.is_closed() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        })
+    };
+
+    let (ts, dense) = (History::new(), DenseHistory::new());
+    let target = PrimaryPointer::new(&primary);
+    let load = mixed_load(&target, &ts, &dense);
+    let t0 = Instant::now();
+    wait_progress(&ts, t0, 300, "before the standby stops");
+
+    // What the standby had flushed, as last reported: a lower bound for its replay later.
+    let flushed: String = ctl
+        .query_one(
+            "SELECT flush_lsn::text FROM pg_stat_replication WHERE application_name = $1",
+            &[&standby.name()],
+        )
+        .unwrap()
+        .get(0);
+    standby.stop(StopMode::Immediate).expect("stop the standby (immediate)");
+    let down = Instant::now();
+
+    // The worker ends up waiting for the standby, and callers fail (timeouts).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let wpid = loop {
+        if let Some((pid, Some(ev))) = worker_activity(&mut ctl).unwrap() {
+            if ev == "SyncRep" {
+                break pid;
+            }
+        }
+        assert!(Instant::now() < deadline, "the worker never waited for the standby (SyncRep) in 30 s");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let ts_err = ts.calls().iter().filter(|c| !c.is_ok() && c.start >= down).count();
+        let seq_err = dense.calls().iter().filter(|c| c.result.is_err() && c.start >= down).count();
+        if ts_err >= 1 && seq_err >= 1 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "calls did not fail with the standby down: {ts_err} timestamp and {seq_err} sequence errors in 30 s"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let st_blocked = status_of(&mut ctl);
+
+    // A query cancel does not end the worker's wait.
+    let log_before = primary.log_contents().len();
+    let ok: bool = ctl.query_one("SELECT pg_cancel_backend($1)", &[&wpid]).unwrap().get(0);
+    assert!(ok, "pg_cancel_backend({wpid})");
+    std::thread::sleep(Duration::from_millis(1500));
+    let after_cancel = worker_activity(&mut ctl).unwrap();
+    assert_eq!(
+        after_cancel,
+        Some((wpid, Some("SyncRep".to_string()))),
+        "after pg_cancel_backend the worker must still be the same process, still waiting for the standby"
+    );
+    let log_cancel = primary.log_contents()[log_before..].to_string();
+    assert!(
+        !log_cancel.contains("canceling wait for synchronous replication"),
+        "a query cancel ended the worker's synchronous-replication wait:\n{log_cancel}"
+    );
+
+    // Terminate it: the wait ends, the worker exits, a new one fences and cannot commit.
+    let ok: bool = ctl.query_one("SELECT pg_terminate_backend($1)", &[&wpid]).unwrap().get(0);
+    assert!(ok, "pg_terminate_backend({wpid})");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let (new_pid, fencing_seen) = loop {
+        let st = status_of(&mut ctl);
+        if st.worker_pid.is_some() && st.worker_pid != Some(wpid) && st.state == "fencing" {
+            break (st.worker_pid.unwrap(), Instant::now());
+        }
+        assert!(Instant::now() < deadline, "no new fencing worker 30 s after the terminate: {st:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some((pid, Some(ev))) = worker_activity(&mut ctl).unwrap() {
+            if pid == new_pid && ev == "SyncRep" {
+                break;
+            }
+        }
+        assert!(Instant::now() < deadline, "the new worker's fence did not wait for the standby");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(2000));
+    let st_fencing = status_of(&mut ctl);
+    assert_ne!(st_fencing.state, "serving", "serving without its synchronous standby: {st_fencing:?}");
+    assert_eq!(st_fencing.worker_pid, Some(new_pid), "{st_fencing:?}");
+    let stats = load.stop_and_join();
+    let st_end = status_of(&mut ctl);
+    let local_hw = durable_high_water(&mut ctl).unwrap();
+    sampling.store(false, Ordering::SeqCst);
+    sampler.join().unwrap();
+    let (max_bound, max_last_issued, states) = samples.lock().unwrap().clone();
+    let log_primary = primary.log_contents()[log_before..].to_string();
+    drop(ctl);
+    primary.stop(StopMode::Immediate).expect("stop the old primary");
+
+    // Nothing succeeded once the new worker was fencing.
+    let late_ok = ts.calls().iter().filter(|c| c.is_ok() && c.start >= fencing_seen).count()
+        + dense.calls().iter().filter(|c| c.result.is_ok() && c.start >= fencing_seen).count();
+    assert_eq!(late_ok, 0, "calls succeeded while the fence could not commit");
+
+    // The standby, started without primary_conninfo: replays its own WAL, nothing more.
+    let removed = remove_primary_conninfo(&standby).unwrap();
+    assert!(!removed.is_empty(), "no primary_conninfo in postgresql.auto.conf");
+    standby.start().expect("start the standby alone");
+    let replayed = wait_end_of_local_wal(&standby, &flushed).unwrap_or_else(|e| panic!("{e}"));
+    let mut sc = standby.connect();
+    let sst = status_of(&mut sc);
+    assert_eq!((sst.role.as_str(), sst.state.as_str()), ("standby", "standby"), "{sst:?}");
+    let standby_hw = sst.high_water_ms.expect("the standby's replayed high-water");
+    let table: i64 = sc
+        .query_one("SELECT max(physical_ms)::bigint FROM tsoracle.high_water", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(standby_hw, table);
+
+    let served_max = [ts.max_value(), max_last_issued, st_end.last_issued, st_blocked.last_issued]
+        .into_iter()
+        .flatten()
+        .max()
+        .expect("the old primary issued timestamps");
+    eprintln!(
+        "sync trap: standby replayed to {replayed} (flushed {flushed} before the stop); standby high-water {standby_hw}; \
+         old primary: max served {served_max} (physical {}), max allocator bound seen {max_bound:?}, \
+         its own durable high-water {local_hw:?} ({}); states {states:?}; blocked {st_blocked:?}; load {stats:?}",
+        physical(served_max),
+        match local_hw {
+            Some(h) if h > standby_hw => format!("{} ms above the standby: committed locally, never served", h - standby_hw),
+            _ => "not above the standby".into(),
+        }
+    );
+    eprintln!(
+        "sync trap: primary log after the cancel:\n{}",
+        log_primary
+            .lines()
+            .filter(|l| l.contains("tsoracle") || l.contains("synchronous") || l.contains("terminat"))
+            .take(20)
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    assert!(
+        physical(served_max) <= standby_hw,
+        "the old primary returned {served_max} (physical {}) above the high-water {standby_hw} its synchronous standby has",
+        physical(served_max)
+    );
+    let max_bound = max_bound.expect("a sampled allocator bound");
+    assert!(
+        max_bound <= standby_hw,
+        "the old primary's allocator bound reached {max_bound}, above the standby's {standby_hw}"
+    );
+
+    // Promote the standby: it starts above everything the old primary returned.
+    drop(sc);
+    let (first_new, _, p2f, st_new) = promote_and_time(&standby, "sync trap");
+    assert!(
+        first_new > served_max,
+        "first timestamp after promotion {first_new} <= {served_max} returned by the old primary"
+    );
+    assert_eq!((st_new.epoch, st_new.timeline), (Some(2), Some(2)), "{st_new:?}");
+    assert!(p2f.is_some(), "{st_new:?}");
+    // A little load on the new primary, then both histories over everything.
+    target.set(&standby);
+    let load = mixed_load(&target, &ts, &dense);
+    let moved = Instant::now();
+    wait_progress(&ts, moved, 100, "on the promoted standby");
+    load.stop_and_join();
+    let mut c = standby.connect();
+    let totals = seq_totals(&mut c);
+    check_histories(&ts, &dense, &totals, "sync trap");
+}
