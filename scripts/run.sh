@@ -42,6 +42,10 @@ SELECT ts, tso_physical(ts) AS physical_ms, tso_logical(ts) AS logical, tso_to_t
   FROM (SELECT tso_next() AS ts FROM generate_series(1, 5)) t;
 \echo '==> a batch of 1000 consecutive timestamps starts at:'
 SELECT tso_next_batch(1000) AS first;
+\echo '==> a durable gapless block of 100 from counter demo_orders:'
+SELECT tso_seq('demo_orders', 100) AS start, tso_seq_peek('demo_orders') AS next_start;
+\echo '==> the safe frontier (no leases: the committed high-water):'
+SELECT tso_safe_frontier();
 \echo '==> tso_status():'
 \x on
 SELECT * FROM tso_status();

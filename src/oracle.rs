@@ -102,6 +102,10 @@ pub fn not_serving(signals: &Signals, phase: Phase) -> TsoError {
             "CREATE EXTENSION tsoracle has not been run in database \"{}\" (tsoracle.database)",
             guc::database()
         ),
+        Phase::OutdatedSchema => format!(
+            "the tables in schema tsoracle of database \"{}\" do not match this version of the library; run ALTER EXTENSION tsoracle UPDATE",
+            guc::database()
+        ),
         Phase::Fencing => "the fence is running after a start, crash or promotion".to_string(),
         Phase::Starting if signals.worker_pid() == 0 => {
             "the tsoracle worker is not running (it starts when recovery ends; see the server log)".to_string()

@@ -23,6 +23,8 @@ pub enum Phase {
     Starting,
     /// The worker is connected but `CREATE EXTENSION tsoracle` has not run in `tsoracle.database`.
     WaitingForExtension,
+    /// The tables in schema `tsoracle` are not those this library needs (an older version).
+    OutdatedSchema,
     /// The fence is running: nothing is served until it commits.
     Fencing,
     /// The allocator holds a committed window.
@@ -34,6 +36,7 @@ impl Phase {
         match self {
             Phase::Starting => "starting",
             Phase::WaitingForExtension => "waiting_for_extension",
+            Phase::OutdatedSchema => "outdated_schema",
             Phase::Fencing => "fencing",
             Phase::Serving => "serving",
         }

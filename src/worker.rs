@@ -115,23 +115,37 @@ fn set_phase(signals: &Signals, phase: Phase) {
     signals.broadcast();
 }
 
-/// Sleep until `CREATE EXTENSION tsoracle` has run in our database. False on shutdown.
+/// The tables this library reads and writes.
+const TABLES: [&str; 3] = ["tsoracle.high_water", "tsoracle.seq", "tsoracle.lease"];
+
+/// Sleep until `CREATE EXTENSION tsoracle` has run in our database and its tables are the
+/// ones this library needs. False on shutdown.
 fn wait_for_extension(signals: &Signals, database: &str) -> bool {
-    let mut announced = false;
+    let mut announced = None;
     loop {
-        let present = BackgroundWorker::transaction(|| {
-            Spi::get_one::<bool>("SELECT to_regclass('tsoracle.high_water') IS NOT NULL")
+        let missing = BackgroundWorker::transaction(|| {
+            Spi::get_one_with_args::<i64>(
+                "SELECT count(*) FROM unnest($1::text[]) AS t(name) WHERE to_regclass(t.name) IS NULL",
+                &[TABLES.map(String::from).to_vec().into()],
+            )
         })
         .ok()
         .flatten()
-        .unwrap_or(false);
-        if present {
-            return true;
-        }
-        set_phase(signals, Phase::WaitingForExtension);
-        if !announced {
-            pgrx::log!("tsoracle worker waiting for CREATE EXTENSION tsoracle in database \"{database}\"");
-            announced = true;
+        .unwrap_or(TABLES.len() as i64);
+        let phase = match missing {
+            0 => return true,
+            n if n == TABLES.len() as i64 => Phase::WaitingForExtension,
+            _ => Phase::OutdatedSchema,
+        };
+        set_phase(signals, phase);
+        if announced != Some(phase) {
+            match phase {
+                Phase::OutdatedSchema => pgrx::warning!(
+                    "tsoracle: the tables in schema tsoracle of database \"{database}\" are incomplete for this library version; run ALTER EXTENSION tsoracle UPDATE"
+                ),
+                _ => pgrx::log!("tsoracle worker waiting for CREATE EXTENSION tsoracle in database \"{database}\""),
+            }
+            announced = Some(phase);
         }
         // Callers poke the latch, so a fresh CREATE EXTENSION is noticed at once.
         if !BackgroundWorker::wait_latch(Some(Duration::from_secs(1))) {

@@ -308,8 +308,11 @@ fn three_promotions_in_a_row() {
     let load = mixed_load(&target, &ts, &dense);
     let mut since = Instant::now();
     let mut timings = Vec::new();
+    let t_start = Instant::now();
+    let lap = |what: &str| eprintln!("three promotions: +{:.1} s {what}", t_start.elapsed().as_secs_f64());
     for (round, how) in ["fast", "kill9", "immediate"].into_iter().enumerate() {
         wait_progress(&ts, since, 200, &format!("round {round}: on {}", primary.name()));
+        lap(&format!("round {}: load progressed on {}", round + 1, primary.name()));
         match how {
             "fast" => primary.stop(StopMode::Fast).expect("stop fast"),
             "immediate" => primary.stop(StopMode::Immediate).expect("stop immediate"),
@@ -326,12 +329,15 @@ fn three_promotions_in_a_row() {
         assert!(p2f.is_some(), "promotion_to_first_ts_ms after promotion {}: {st:?}", round + 1);
         timings.push((took, p2f));
         order.push((standby.name().to_string(), st.epoch));
+        lap(&format!("round {}: {} stopped ({how}), {} promoted and serving", round + 1, primary.name(), standby.name()));
 
         // A fresh standby from the new primary, made synchronous.
         let mut fresh = Node::base_backup_from(&standby, &format!("node{}", round + 3))
             .unwrap_or_else(|e| panic!("base backup from {}: {e}", standby.name()));
+        lap(&format!("round {}: base backup {} done", round + 1, fresh.name()));
         fresh.start().expect("start the fresh standby");
         make_sync(&mut standby, fresh.name()).unwrap_or_else(|e| panic!("round {round}: {e}"));
+        lap(&format!("round {}: {} is the synchronous standby", round + 1, fresh.name()));
         let old = std::mem::replace(&mut primary, std::mem::replace(&mut standby, fresh));
         drop(old);
         let st = status_of(&mut primary.connect());
