@@ -6,10 +6,12 @@
 # repetition) and each figure is the median of BENCH_REPS runs; ratios are the median of the
 # per-repetition ratios (candidate run i / baseline run i), so slow phases of a noisy machine
 # hit both sides of a ratio alike. Speed never fails the script: a missed target is printed
-# as NOT MET and the exit status is 0 unless something actually broke.
+# as NOT MET and the exit status is 0 unless something actually broke (a failed run, a
+# crash in the server log, a cluster that would not start).
 #
 # Knobs (environment): BENCH_SECONDS (pgbench -T per run, default 8), BENCH_REPS (default 3),
 # BENCH_CLIENTS (default "8 32"), BENCH_PERCALL_N (rows for the per-call rows, default 2000000),
+# BENCH_PERCALL_REPS (repetitions of the per-call rows, cheap, default 7),
 # BENCH_P99_WINDOW_MS (tsoracle.window_ahead_ms during the p99 runs, default 50),
 # BENCH_P99_RATE (total -R of the open-loop latency runs, default 4000/s),
 # BENCH_KEEP=1 keeps the work directory (logs, per-transaction logs) for inspection,
@@ -32,6 +34,7 @@ SECS=${BENCH_SECONDS:-8}
 REPS=${BENCH_REPS:-3}
 CLIENTS=${BENCH_CLIENTS:-"8 32"}
 PERCALL_N=${BENCH_PERCALL_N:-2000000}
+PERCALL_REPS=${BENCH_PERCALL_REPS:-7}
 P99_WINDOW_MS=${BENCH_P99_WINDOW_MS:-50}
 P99_CLIENTS=8
 P99_RATE_CLIENTS=4
@@ -54,7 +57,6 @@ RES="$WORK/results.tsv"
 RUNS="$WORK/runs"
 mkdir -p "$RUNS"
 : >"$RES"
-
 
 cleanup() {
     local rc=$?
@@ -166,6 +168,7 @@ rec info settings "$(sql "SELECT string_agg(name || '=' || setting || coalesce(u
     FROM pg_settings WHERE name IN ('shared_buffers', 'max_connections', 'fsync', 'synchronous_commit',
       'wal_level', 'tsoracle.window_ahead_ms', 'tsoracle.failover_advance_ms', 'work_mem')")"
 rec info percall_n "$PERCALL_N"
+rec info percall_reps "$PERCALL_REPS"
 rec info seconds "$SECS"
 rec info bench "pgbench -n -M prepared -T $SECS -c <clients> -j <min(clients, $(nproc))> -f <script>; $REPS repetitions, order rotated per repetition"
 rec info scripts "$(for f in "$HERE"/*.sql; do printf '%s: %s  ' "$(basename "$f" .sql)" "$(tr -d '\n' <"$f")"; done)"
@@ -174,8 +177,8 @@ status_rec start
 # --- helpers ---------------------------------------------------------------------------------
 
 # Sample the wait events of active client backends and of the tsoracle worker every 0.25 s,
-# in one session, into $1,
-# for about as long as one run (the session ends by itself: killing it would log FATALs).
+# in one session, into $1, for about as long as one run (the session ends by itself: killing
+# it would log FATALs).
 start_sampler() {
     local out=$1 n=$(( SECS * 4 - 1 ))
     {
@@ -203,6 +206,23 @@ stop_sampler() {
         wait "$SAMPLER_PID" 2>/dev/null
         SAMPLER_PID=""
     fi
+}
+
+# CPU busy % of the whole machine over $1 seconds while this benchmark is idle between runs:
+# what other tenants of the machine use (the figures of a run next to a busy gap are suspect).
+busy_pct() {
+    local a b
+    a=$(head -n 1 /proc/stat)
+    sleep "$1"
+    b=$(head -n 1 /proc/stat)
+    python3 -c '
+import sys
+a = [int(x) for x in sys.argv[1].split()[1:]]
+b = [int(x) for x in sys.argv[2].split()[1:]]
+d = [y - x for x, y in zip(a, b)]
+total = sum(d[:8]) or 1
+idle = d[3] + d[4]          # idle + iowait
+print(round(100.0 * (total - idle) / total))' "$a" "$b"
 }
 
 # The server must still be up (a crash restart is waited for; a dead server ends the run).
@@ -242,7 +262,7 @@ run_pgbench() {
         printf '    %-16s c=%-3s rep %s: %12.1f tps\n' "$name" "$clients" "$rep" "$tps" >&2
     fi
     rec waits "$name" "$clients" "$rep" "$RUNS/$tag.waits"
-    sleep 1
+    rec busy "$name" "$clients" "$rep" "$(busy_pct 1)"
 }
 
 # interleave CLIENTS REP WORKLOAD...: run the workloads once each, order rotated by REP.
@@ -255,6 +275,8 @@ interleave() {
         run_pgbench "$w" "$w" "$clients" "$rep"
     done
 }
+
+rec info busy_before "$(busy_pct 3)"
 
 # --- 1. throughput: tso_next() vs SELECT 1 vs nextval('s') ------------------------------------
 # SELECT clock_timestamp() is there to show what calling any function costs a one-call
@@ -276,7 +298,7 @@ echo "==> per-call cost: count(f()) over generate_series(1, $PERCALL_N)" >&2
     for i in 0 1 2 3; do
         echo "SELECT ${exprs[$i]} FROM generate_series(1, $PERCALL_N);"   # warm-up
     done
-    for r in $(seq 1 "$REPS"); do
+    for r in $(seq 1 "$PERCALL_REPS"); do
         for i in 0 1 2 3; do
             j=$(( (i + r) % 4 ))
             echo "\\echo @@ ${labels[$j]} $r"
@@ -289,6 +311,7 @@ if "${PSQL[@]}" -f "$WORK/percall.sql" >"$WORK/percall.out" 2>&1; then
     awk '/^@@ /{q=$2; r=$3; next} /^Time: /{ if (q != "") { printf "ms\t%s\t1\t%s\t%s\n", q, r, $2; q="" } }' \
         "$WORK/percall.out" >>"$RES"
     grep -A2 '^@@' "$WORK/percall.out" | grep -E '^@@|^Time' | paste - - | sed 's/^/    /' >&2
+    rec busy percall 1 0 "$(busy_pct 1)"
 else
     rec fail percall 1 0 "$(grep -m 1 ERROR "$WORK/percall.out" | tr '\t' ' ')"
     echo "    per-call runs FAILED: $(grep -m 1 ERROR "$WORK/percall.out")" >&2
@@ -368,4 +391,11 @@ rec info server_log_problems "$(grep -cE 'PANIC|terminated by signal|was termina
 grep -E 'PANIC|terminated by signal|was terminated' "$LOG" | head -n 5 | while read -r line; do rec info server_log "$line"; done
 
 echo >&2
-python3 "$HERE/report.py" "$RES"
+python3 "$HERE/report.py" "$RES" || die "the report failed (results: $RES; BENCH_KEEP=1 keeps them)"
+
+# Slowness never fails the benchmark; a crash or a failed run does.
+problems=$(grep -c '^fail' "$RES")
+crashes=$(grep -cE 'PANIC|terminated by signal|was terminated|all server processes terminated' "$LOG")
+if [ "$problems" -gt 0 ] || [ "$crashes" -gt 0 ]; then
+    die "$problems failed run(s), $crashes crash line(s) in the server log (see above)"
+fi

@@ -229,7 +229,7 @@ impl Worker {
         self.signals.broadcast();
         pgrx::log!(
             "tsoracle fence complete: epoch {epoch} (timeline {timeline}), serving from {floor_ms} ms, high-water {high_water_ms} ms, {} live leases, took {:.1} ms",
-            self.leases.len(),
+            self.leases.iter().filter(|l| l.is_live(now_ms())).count(),
             started.elapsed().as_secs_f64() * 1000.0
         );
     }
@@ -355,29 +355,44 @@ impl Worker {
         self.signals.broadcast_answers();
     }
 
-    /// Drop expired leases from memory and from the table.
+    /// Purge leases expired longer than the retention from memory and from the table, and
+    /// keep the published bounds (and live count) current as leases lapse.
     fn expire_leases(&mut self) {
         let now = now_ms();
-        if self.leases.iter().all(|l| l.is_live(now)) {
-            return;
+        let horizon = purge_horizon(now);
+        if self.leases.iter().any(|l| !l.is_live(horizon)) {
+            BackgroundWorker::transaction(|| {
+                Spi::run_with_args(
+                    "DELETE FROM tsoracle.lease WHERE expires_at_ms <= $1",
+                    &[(horizon as i64).into()],
+                )
+            })
+            .unwrap_or_else(|e| pgrx::error!("tsoracle could not delete expired leases: {e}"));
+            self.leases.expire(horizon);
         }
-        BackgroundWorker::transaction(|| {
-            Spi::run_with_args("DELETE FROM tsoracle.lease WHERE expires_at_ms <= $1", &[(now as i64).into()])
-        })
-        .unwrap_or_else(|e| pgrx::error!("tsoracle could not delete expired leases: {e}"));
-        self.leases.expire(now);
-        self.publish_lease_bounds();
+        let live = self.leases.iter().filter(|l| l.is_live(now)).count();
+        if live != LEASE_BOUNDS.share().len {
+            self.publish_lease_bounds();
+        }
     }
 
+    /// Publish the bounds of the live leases for `tso_safe_frontier()` in any backend.
     fn publish_lease_bounds(&self) {
+        let now = now_ms();
         let mut bounds = LEASE_BOUNDS.exclusive();
         let mut len = 0;
-        for lease in self.leases.iter().take(MAX_LEASES) {
+        for lease in self.leases.iter().filter(|l| l.is_live(now)).take(MAX_LEASES) {
             bounds.entries[len] = (lease.ts_upper_bound_ms, lease.expires_at_ms);
             len += 1;
         }
         bounds.len = len;
     }
+}
+
+/// An expired lease is kept (no longer live; renewing it says "expired", 55000) for
+/// `tsoracle.lease_ttl_max_ms`, then purged (renewing it then says "does not exist").
+fn purge_horizon(now_ms: u64) -> u64 {
+    now_ms.saturating_sub(guc::lease_ttl_max_ms().max(0) as u64)
 }
 
 /// `UPDATE … GREATEST … WHERE epoch = $2`: the one monotonic path to the high-water.
@@ -393,9 +408,10 @@ fn persist_high_water(extension: WindowExtension) -> Option<u64> {
     .and_then(|ms| u64::try_from(ms).ok())
 }
 
-/// The durable leases, without those already expired at `now_ms` (deleted here).
+/// The durable leases, without those expired longer than the retention (deleted here).
 fn load_leases(now_ms: u64) -> LeaseTable {
-    Spi::run_with_args("DELETE FROM tsoracle.lease WHERE expires_at_ms <= $1", &[(now_ms as i64).into()])
+    let horizon = purge_horizon(now_ms);
+    Spi::run_with_args("DELETE FROM tsoracle.lease WHERE expires_at_ms <= $1", &[(horizon as i64).into()])
         .unwrap_or_else(|e| pgrx::error!("tsoracle could not delete expired leases: {e}"));
     let rows = Spi::connect(|client| {
         client
@@ -419,7 +435,7 @@ fn load_leases(now_ms: u64) -> LeaseTable {
             .collect::<Result<Vec<Lease>, pgrx::spi::Error>>()
     })
     .unwrap_or_else(|e| pgrx::error!("tsoracle could not load the leases: {e}"));
-    LeaseTable::load(rows, now_ms).unwrap_or_else(|e| pgrx::error!("tsoracle lease table is inconsistent: {e}"))
+    LeaseTable::load(rows, horizon).unwrap_or_else(|e| pgrx::error!("tsoracle lease table is inconsistent: {e}"))
 }
 
 /// The lease part of a group commit, in queue order, on the worker's copy of the table.
@@ -443,7 +459,9 @@ fn mutate_leases(
                 match leases.active_lease(holder, now) {
                     Some(l) if l.holder_epoch == holder_epoch => lease_reply(l, epoch),
                     Some(l) if holder_epoch < l.holder_epoch => Reply::err(ReplyCode::StaleHolderEpoch),
-                    _ if leases.len() >= MAX_LEASES => Reply::err(ReplyCode::TooManyLeases),
+                    _ if leases.iter().filter(|l| l.is_live(now)).count() >= MAX_LEASES => {
+                        Reply::err(ReplyCode::TooManyLeases)
+                    }
                     _ => {
                         let bound = high_water.max(now.saturating_sub(1)).saturating_add(1).saturating_add(ttl);
                         match leases.acquire(holder, holder_epoch, ttl, now, bound, bound as i64) {

@@ -6,7 +6,9 @@ Rows of results.tsv (tab-separated):
   tps     WORKLOAD CLIENTS REP TPS
   ms      QUERY 1 REP MILLISECONDS           (per-call rows, psql \\timing)
   lat     WORKLOAD CLIENTS REP LOG_PREFIX    (pgbench -l per-transaction logs)
-  waits   WORKLOAD CLIENTS REP FILE          (sampled wait events of active client backends)
+  txns    WORKLOAD CLIENTS REP TRANSACTIONS  (pgbench's count, for the tso_seq group size)
+  waits   WORKLOAD CLIENTS REP FILE          (sampled wait events: client backends, the worker)
+  busy    WORKLOAD CLIENTS REP PERCENT       (machine CPU busy in the idle second after the run)
   status  LABEL JSON                         (a row of tso_status())
   fail    WORKLOAD CLIENTS REP MESSAGE
 
@@ -26,6 +28,7 @@ tps = collections.defaultdict(dict)      # (workload, clients) -> {rep: tps}
 ms = collections.defaultdict(dict)       # query -> {rep: ms}
 lat = collections.defaultdict(dict)      # (workload, clients) -> {rep: log prefix}
 txns = collections.defaultdict(dict)     # (workload, clients) -> {rep: transactions}
+busy = collections.defaultdict(dict)     # (workload, clients) -> {rep: CPU busy % just after the run}
 waits = collections.defaultdict(list)    # (workload, clients) -> [files]
 status = {}
 fails = []
@@ -41,6 +44,9 @@ with open(sys.argv[1]) as f:
         elif kind == "txns":
             if len(parts) > 4 and parts[4].isdigit():
                 txns[(parts[1], int(parts[2]))][int(parts[3])] = int(parts[4])
+        elif kind == "busy":
+            if len(parts) > 4 and parts[4].isdigit():
+                busy[(parts[1], int(parts[2]))][int(parts[3])] = int(parts[4])
         elif kind == "ms":
             ms[parts[1]][int(parts[3])] = float(parts[4])
         elif kind == "lat":
@@ -128,18 +134,44 @@ def verdict(ok):
     return "-" if ok is None else ("MET" if ok else "NOT MET")
 
 
+NOISY_BUSY = 25      # % CPU used by others in the idle gap after a run
+NOISY_SPREAD = 0.25  # max/min - 1 over the repetitions of one workload
+noisy_rows = []
+
+
+def noisy(*series, busy_keys=()):
+    """Why the figures of a row are suspect, or None: a busy gap or a wide spread."""
+    why = []
+    worst = max((v for k in busy_keys for v in busy.get(k, {}).values()), default=0)
+    if worst > NOISY_BUSY:
+        why.append(f"other load up to {worst}% between runs")
+    for runs in series:
+        vals = [v for v in runs.values() if v]
+        if len(vals) > 1 and max(vals) / min(vals) - 1 > NOISY_SPREAD:
+            why.append(f"runs spread {100 * (max(vals) / min(vals) - 1):.0f}%")
+            break
+    return "; ".join(why) or None
+
+
+def flag(row, why):
+    if why:
+        row[-1] = row[-1] + " *" if row[-1] != "-" else "*"
+        noisy_rows.append((row[0], row[1], row[3], why))
+    rows.append(row)
+
+
 SECS = float(first("seconds", "0") or 0) or float("nan")
 rows = []  # workload, clients, result, baseline, baseline result, ratio, target, verdict
-notes = []
 clients_list = sorted({c for (w, c) in tps if w in ("tso_next", "select1", "nextval", "clock")})
 seq_available = not first("tso_seq", "").startswith("not available")
 
 # 1. tso_next() vs SELECT 1, and against nextval('s')
 for c in clients_list:
-    cand, base, nv = tps.get(("tso_next", c), {}), tps.get(("select1", c), {}), tps.get(("nextval", c), {})
+    cand, base = tps.get(("tso_next", c), {}), tps.get(("select1", c), {})
     r = paired_ratio(cand, base)
-    rows.append(["SELECT tso_next()", c, fmt_tps(med(cand.values())), "SELECT 1", fmt_tps(med(base.values())),
-                 fmt_ratio(r), ">= 0.95", verdict(None if r is None else r >= 0.95)])
+    flag(["SELECT tso_next()", c, fmt_tps(med(cand.values())), "SELECT 1", fmt_tps(med(base.values())),
+          fmt_ratio(r), ">= 0.95", verdict(None if r is None else r >= 0.95)],
+         noisy(cand, base, busy_keys=[("tso_next", c), ("select1", c)]))
 for c in clients_list:
     cand, nv = tps.get(("tso_next", c), {}), tps.get(("nextval", c), {})
     r = paired_ratio(cand, nv)
@@ -168,20 +200,22 @@ EXPR = {"tso_next": "count(tso_next())", "clock": "count(clock_timestamp())", "n
         "loop": "count(1)"}
 if ms:
     r = paired_ratio(ms.get(tso_q, {}), ms.get(clock_q, {}))
-    rows.append([f"per call: {EXPR[tso_q]} x {first('percall_n')}", 1, fmt_ms(med(ms.get(tso_q, {}).values())), EXPR[clock_q],
-                 fmt_ms(med(ms.get(clock_q, {}).values())), fmt_ratio(r), "<= 1.3",
-                 verdict(None if r is None else r <= 1.3)])
+    flag([f"per call: {EXPR[tso_q]} x {first('percall_n')}", 1, fmt_ms(med(ms.get(tso_q, {}).values())),
+          EXPR[clock_q], fmt_ms(med(ms.get(clock_q, {}).values())), fmt_ratio(r), "<= 1.3",
+          verdict(None if r is None else r <= 1.3)],
+         noisy(ms.get(tso_q, {}), ms.get(clock_q, {}), busy_keys=[("percall", 1)]))
     r = paired_ratio(ms.get(tso_q, {}), ms.get(nv_q, {}))
-    rows.append([f"per call: {EXPR[tso_q]} x {first('percall_n')}", 1, fmt_ms(med(ms.get(tso_q, {}).values())), EXPR[nv_q],
-                 fmt_ms(med(ms.get(nv_q, {}).values())), fmt_ratio(r), "report", "-"])
+    rows.append([f"per call: {EXPR[tso_q]} x {first('percall_n')}", 1, fmt_ms(med(ms.get(tso_q, {}).values())),
+                 EXPR[nv_q], fmt_ms(med(ms.get(nv_q, {}).values())), fmt_ratio(r), "report", "-"])
 
 # 3. tso_next_batch(1000)
 batch = {k: v for k, v in tps.items() if k[0] == "tso_next_batch"}
 for (w, c), runs in sorted(batch.items()):
     t = med(runs.values())
     tsps = None if t is None else t * 1000
-    rows.append(["SELECT tso_next_batch(1000)", c, "-" if tsps is None else f"{tsps / 1e6:,.1f} M ts/s", "-", "-", "-",
-                 ">= 10 M ts/s", verdict(None if tsps is None else tsps >= 1e7)])
+    flag(["SELECT tso_next_batch(1000)", c, "-" if tsps is None else f"{tsps / 1e6:,.1f} M ts/s", "-", "-", "-",
+          ">= 10 M ts/s", verdict(None if tsps is None else tsps >= 1e7)],
+         noisy(runs, busy_keys=[(w, c)]))
 
 # 4. tso_seq('k', 100)
 if not seq_available:
@@ -191,8 +225,9 @@ else:
     for c in seq_clients:
         cand, ctr, nv = tps.get(("tso_seq", c), {}), tps.get(("counter", c), {}), tps.get(("nextval100", c), {})
         r = paired_ratio(cand, ctr)
-        rows.append(["SELECT tso_seq('k', 100)", c, fmt_tps(med(cand.values())), "counter UPDATE ... RETURNING",
-                     fmt_tps(med(ctr.values())), fmt_ratio(r), ">= 10", verdict(None if r is None else r >= 10)])
+        flag(["SELECT tso_seq('k', 100)", c, fmt_tps(med(cand.values())), "counter UPDATE ... RETURNING",
+              fmt_tps(med(ctr.values())), fmt_ratio(r), ">= 10", verdict(None if r is None else r >= 10)],
+             noisy(cand, ctr, busy_keys=[("tso_seq", c), ("counter", c)]))
         r = paired_ratio(cand, nv)
         rows.append(["SELECT tso_seq('k', 100)", c, fmt_tps(med(cand.values())), "nextval('s100')",
                      fmt_tps(med(nv.values())), fmt_ratio(r), "report", "-"])
@@ -209,9 +244,10 @@ for shape, prefix, label in (("closed", "p99_", "closed loop"), ("open", "p99r_"
         cand = {rep: p["p99"] for (w, cc, rep), p in p99.items() if w == prefix + "tso_next" and cc == c and p}
         base = {rep: p["p99"] for (w, cc, rep), p in p99.items() if w == prefix + "select1" and cc == c and p}
         r = paired_ratio(cand, base)
-        rows.append([f"p99 latency, SELECT tso_next() ({label})", c, fmt_lat(med(cand.values())),
-                     "p99 of SELECT 1", fmt_lat(med(base.values())), fmt_ratio(r), "<= 1.2",
-                     verdict(None if r is None else r <= 1.2)])
+        flag([f"p99 latency, SELECT tso_next() ({label})", c, fmt_lat(med(cand.values())),
+              "p99 of SELECT 1", fmt_lat(med(base.values())), fmt_ratio(r), "<= 1.2",
+              verdict(None if r is None else r <= 1.2)],
+             noisy(busy_keys=[(prefix + "tso_next", c), (prefix + "select1", c)]))
         for rep in sorted(cand):
             ext_runs.append(delta(f"before.{prefix}tso_next.r{rep}", f"after.{prefix}tso_next.r{rep}",
                                   "window_extensions"))
@@ -230,11 +266,13 @@ w("==================")
 w(f"machine : {first('cpus')} CPUs ({first('cpu_model')}), {first('memory')}, Linux {first('kernel')}")
 w(f"server  : {first('server')}")
 w(f"tsoracle: {first('extension')}")
+w(f"load    : the machine was {first('busy_before')}% busy (other processes) in the 3 s before the run")
 w(f"settings: {first('settings')}")
 w(f"pgbench : {first('pgbench')}")
 w(f"          {first('bench')}")
 w(f"scripts : {first('scripts').strip()}")
-w(f"per call: psql \\timing of SELECT count(f()) FROM generate_series(1, N) in one session, same order rotation")
+w(f"per call: psql \\timing of SELECT count(f()) FROM generate_series(1, {first('percall_n')}) in one session, "
+  f"{first('percall_reps')} repetitions, order rotated")
 w("")
 
 headers = ["workload", "clients", "result", "baseline", "baseline result", "ratio", "target", "verdict"]
@@ -245,6 +283,12 @@ w("|" + "|".join("-" * (widths[i] + 2) for i in range(len(headers))) + "|")
 for r in cells:
     w("| " + " | ".join(r[i].ljust(widths[i]) for i in range(len(headers))) + " |")
 w("")
+if noisy_rows:
+    w(f"* suspect figures (other tenants of the machine: CPU busy > {NOISY_BUSY}% in the 1 s gap after a run,")
+    w(f"  or runs of one workload more than {100 * NOISY_SPREAD:.0f}% apart); rerun on a quieter machine:")
+    for name, c, base, why in noisy_rows:
+        w(f"    {name} (c={c}) vs {base}: {why}")
+    w("")
 w("ratio = median over the repetitions of (candidate run / baseline run), the two run back to back;")
 w("result and baseline result = medians of the runs. For latencies and per-call times lower is better.")
 w("")
@@ -301,11 +345,13 @@ if p99:
     w("")
 
 # raw runs
-w("all runs (tps; per-call in ms)")
+w("all runs (tps; per-call in ms; [CPU busy % of the machine in the 1 s gap after the run])")
 for (wl, c), runs in sorted(tps.items()):
     if wl == "warmup":
         continue
-    w(f"  {wl:16s} c={c:<3d}: " + "  ".join(f"{runs[r]:,.0f}" for r in sorted(runs)))
+    b = busy.get((wl, c), {})
+    w(f"  {wl:16s} c={c:<3d}: " + "  ".join(f"{runs[r]:,.0f}" + (f" [{b[r]}%]" if r in b else "")
+                                            for r in sorted(runs)))
 for q, runs in sorted(ms.items()):
     w(f"  {EXPR.get(q, q):28s}: " + "  ".join(f"{runs[r]:,.1f}" for r in sorted(runs)))
 if ms.get(empty_q):

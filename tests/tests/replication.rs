@@ -57,12 +57,18 @@ fn status_of(c: &mut Client) -> TsoStatus {
 }
 
 fn mixed_load(target: &PrimaryPointer, ts: &History, dense: &DenseHistory) -> MixedLoad {
+    load_with_seq_share(target, ts, dense, MixedLoadOptions::default().seq_share)
+}
+
+/// The mixed load with another share of `tso_seq` calls (0: timestamps only).
+fn load_with_seq_share(target: &PrimaryPointer, ts: &History, dense: &DenseHistory, seq_share: f64) -> MixedLoad {
     MixedLoad::start(
         target.clone(),
         MixedLoadOptions {
             threads: 16,
             duration: Duration::from_secs(240),
             seq_keys: KEYS.iter().map(|k| k.to_string()).collect(),
+            seq_share,
             ..Default::default()
         },
         ts.clone(),
@@ -465,31 +471,53 @@ fn standby_errors_and_status() {
 
 // ---------------------------------------------------------------------------------------- 5
 
-/// The synchronous-replication trap. With the standby down, the primary's worker blocks in
-/// its commit (SyncRep wait); a query cancel must not end that wait (PostgreSQL would report
-/// the commit as done), and a terminate ends it but the worker must not serve from it.
-///
-/// What is guaranteed, and asserted: every window the primary's allocator ever served from
-/// was committed AND flushed by the synchronous standby, so
-///   * every timestamp the old primary returned has physical ms <= the high-water the standby
-///     replays from its own disk, and so does every `tso_status().high_water_ms` (the
-///     allocator's committed bound) sampled on the primary;
-///   * after the terminate the restarted worker's fence cannot commit: nothing is served;
-///   * every `tso_seq` block the old primary returned is below the standby's counter
-///     (`BeyondTotal` would catch one that is not);
-///   * the promoted standby starts above everything the old primary returned.
-///
-/// Not guaranteed (and only reported): the old primary's own `tsoracle.high_water` row may be
-/// above the standby's, since a commit whose wait was cut short is still committed locally.
+/// The synchronous-replication trap, with the mixed load (the worker is typically cut off in
+/// a group commit of `tso_seq` requests). See [`sync_trap`].
 #[test]
 fn sync_wait_cancelled_never_serves_above_standby() {
+    sync_trap("sync trap (mixed)", MixedLoadOptions::default().seq_share);
+}
+
+/// The same with timestamps only: the commit the worker is cut off in is a window extension.
+#[test]
+fn sync_wait_cancelled_window_extension() {
+    sync_trap("sync trap (window)", 0.0);
+}
+
+/// The synchronous-replication trap. With the standby stopped (immediate), the primary's
+/// worker blocks in a commit (wait event SyncRep) and callers time out; `pg_cancel_backend`
+/// must not end that wait (PostgreSQL would then report the commit as done), and
+/// `pg_terminate_backend` ends it (PostgreSQL's WARNING "canceling the wait for synchronous
+/// replication and terminating connection") but the worker must not serve from that commit.
+///
+/// What is guaranteed, and asserted: the allocator only ever serves from windows that were
+/// committed AND flushed by the synchronous standby (which fsyncs: an immediate stop loses
+/// nothing it acknowledged), so
+///   * every timestamp the old primary returned has physical ms <= the high-water the standby
+///     replays from its own WAL (started again with `primary_conninfo` removed, so it cannot
+///     reconnect, and read once its startup process waits for WAL that will not come);
+///   * so does every `tso_status().high_water_ms` (the allocator's committed bound) sampled on
+///     the primary every 10 ms from before the stop to the end;
+///   * the cancelled worker is the same process, still waiting, and nothing in the log says
+///     a wait was cancelled;
+///   * after the terminate the restarted worker's fence cannot commit (it waits in SyncRep):
+///     no call that started once it was seen fencing succeeds;
+///   * every `tso_seq` block the old primary returned lies below the standby's counter (the
+///     dense check with the promoted standby's `tso_seq_peek` as totals fails with
+///     `BeyondTotal` otherwise), and gaps are explained by errored calls;
+///   * the promoted standby (epoch 2) starts above everything the old primary returned, and
+///     the combined histories pass.
+///
+/// Not guaranteed, only reported: the old primary's own `tsoracle.high_water` row may be above
+/// the standby's, since a commit whose wait was cut short is still committed locally.
+fn sync_trap(label: &str, seq_share: f64) {
     let (mut primary, mut standby) = sync_pair("primary", "standby1");
     let mut ctl = primary.connect();
     let st0 = status_of(&mut ctl);
     assert_eq!(st0.sync_replication, Some(true), "{st0:?}");
 
     // Sample the primary's tso_status() all along: the largest allocator bound and the
-    // largest last_issued it ever showed.
+    // largest last_issued it ever showed, and the (state, worker) transitions.
     let sampling = Arc::new(AtomicBool::new(true));
     let samples = Arc::new(Mutex::new((None::<i64>, None::<i64>, Vec::<String>::new())));
     let sampler = {
@@ -519,7 +547,7 @@ fn sync_wait_cancelled_never_serves_above_standby() {
 
     let (ts, dense) = (History::new(), DenseHistory::new());
     let target = PrimaryPointer::new(&primary);
-    let load = mixed_load(&target, &ts, &dense);
+    let load = load_with_seq_share(&target, &ts, &dense, seq_share);
     let t0 = Instant::now();
     wait_progress(&ts, t0, 300, "before the standby stops");
 
@@ -549,7 +577,7 @@ fn sync_wait_cancelled_never_serves_above_standby() {
     loop {
         let ts_err = ts.calls().iter().filter(|c| !c.is_ok() && c.start >= down).count();
         let seq_err = dense.calls().iter().filter(|c| c.result.is_err() && c.start >= down).count();
-        if ts_err >= 1 && seq_err >= 1 {
+        if ts_err >= 1 && (seq_share == 0.0 || seq_err >= 1) {
             break;
         }
         assert!(
@@ -577,46 +605,65 @@ fn sync_wait_cancelled_never_serves_above_standby() {
         "a query cancel ended the worker's synchronous-replication wait:\n{log_cancel}"
     );
 
-    // Terminate it: the wait ends, the worker exits, a new one fences and cannot commit.
+    // Terminate it: the wait ends and the worker exits; the postmaster starts a new one after
+    // 1 s, whose fence must commit again and so waits for the standby too.
+    let log_before = primary.log_contents().len();
     let ok: bool = ctl.query_one("SELECT pg_terminate_backend($1)", &[&wpid]).unwrap().get(0);
     assert!(ok, "pg_terminate_backend({wpid})");
     let deadline = Instant::now() + Duration::from_secs(30);
-    let (new_pid, fencing_seen) = loop {
-        let st = status_of(&mut ctl);
-        if st.worker_pid.is_some() && st.worker_pid != Some(wpid) && st.state == "fencing" {
-            break (st.worker_pid.unwrap(), Instant::now());
-        }
-        assert!(Instant::now() < deadline, "no new fencing worker 30 s after the terminate: {st:?}");
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
+    let (new_pid, blocked_seen) = loop {
         if let Some((pid, Some(ev))) = worker_activity(&mut ctl).unwrap() {
-            if pid == new_pid && ev == "SyncRep" {
-                break;
+            if pid != wpid && ev == "SyncRep" {
+                break (pid, Instant::now());
             }
         }
-        assert!(Instant::now() < deadline, "the new worker's fence did not wait for the standby");
+        assert!(
+            Instant::now() < deadline,
+            "no new worker waiting for the standby 30 s after the terminate: {}",
+            worker_row(&mut ctl)
+        );
         std::thread::sleep(Duration::from_millis(20));
+    };
+    // For 2 s: not serving, and what tso_status() says meanwhile.
+    let mut blocked_states: Vec<String> = Vec::new();
+    let until = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < until {
+        let st = status_of(&mut ctl);
+        assert_ne!(st.state, "serving", "serving without its synchronous standby: {st:?}");
+        assert_eq!(st.worker_pid, Some(new_pid), "{st:?}");
+        let s = format!("{} ({})", st.state, st.detail.unwrap_or_default());
+        if !blocked_states.contains(&s) {
+            blocked_states.push(s);
+        }
+        std::thread::sleep(Duration::from_millis(50));
     }
-    std::thread::sleep(Duration::from_millis(2000));
-    let st_fencing = status_of(&mut ctl);
-    assert_ne!(st_fencing.state, "serving", "serving without its synchronous standby: {st_fencing:?}");
-    assert_eq!(st_fencing.worker_pid, Some(new_pid), "{st_fencing:?}");
+    let blocked_worker = worker_row(&mut ctl);
     let stats = load.stop_and_join();
     let st_end = status_of(&mut ctl);
     let local_hw = durable_high_water(&mut ctl).unwrap();
     sampling.store(false, Ordering::SeqCst);
     sampler.join().unwrap();
     let (max_bound, max_last_issued, states) = samples.lock().unwrap().clone();
-    let log_primary = primary.log_contents()[log_before..].to_string();
+    let log_term = primary.log_contents()[log_before..].to_string();
     drop(ctl);
     primary.stop(StopMode::Immediate).expect("stop the old primary");
 
-    // Nothing succeeded once the new worker was fencing.
-    let late_ok = ts.calls().iter().filter(|c| c.is_ok() && c.start >= fencing_seen).count()
-        + dense.calls().iter().filter(|c| c.result.is_ok() && c.start >= fencing_seen).count();
-    assert_eq!(late_ok, 0, "calls succeeded while the fence could not commit");
+    let worker_lines: Vec<&str> = log_term
+        .lines()
+        .filter(|l| l.contains("tsoracle worker:") || l.contains(" background worker \"tsoracle worker\""))
+        .take(12)
+        .collect();
+    eprintln!("{label}: primary log after the terminate (worker lines):\n{}", worker_lines.join("\n"));
+    assert!(
+        log_term.contains("canceling the wait for synchronous replication and terminating connection"),
+        "the terminate did not end a synchronous-replication wait of the worker (scenario not reached):\n{}",
+        worker_lines.join("\n")
+    );
+
+    // Nothing succeeded once the new worker was waiting for the standby.
+    let late_ok = ts.calls().iter().filter(|c| c.is_ok() && c.start >= blocked_seen).count()
+        + dense.calls().iter().filter(|c| c.result.is_ok() && c.start >= blocked_seen).count();
+    assert_eq!(late_ok, 0, "calls succeeded while the restarted worker could not commit");
 
     // The standby, started without primary_conninfo: replays its own WAL, nothing more.
     let removed = remove_primary_conninfo(&standby).unwrap();
@@ -631,31 +678,28 @@ fn sync_wait_cancelled_never_serves_above_standby() {
         .query_one("SELECT max(physical_ms)::bigint FROM tsoracle.high_water", &[])
         .unwrap()
         .get(0);
-    assert_eq!(standby_hw, table);
+    assert_eq!(standby_hw, table, "tso_status().high_water_ms vs the table on the standby");
 
     let served_max = [ts.max_value(), max_last_issued, st_end.last_issued, st_blocked.last_issued]
         .into_iter()
         .flatten()
         .max()
         .expect("the old primary issued timestamps");
+    let outcome_unknown = dense
+        .calls()
+        .iter()
+        .filter(|c| c.result.as_ref().is_err_and(|e| e.contains("SQLSTATE 40003")))
+        .count();
     eprintln!(
-        "sync trap: standby replayed to {replayed} (flushed {flushed} before the stop); standby high-water {standby_hw}; \
+        "{label}: standby replayed to {replayed} (flushed {flushed} before the stop); standby high-water {standby_hw}; \
          old primary: max served {served_max} (physical {}), max allocator bound seen {max_bound:?}, \
-         its own durable high-water {local_hw:?} ({}); states {states:?}; blocked {st_blocked:?}; load {stats:?}",
+         its visible durable high-water {local_hw:?} ({}); states {states:?}; tso_seq calls answered 40003: {outcome_unknown}; \
+         while blocked {st_blocked:?}; load {stats:?}",
         physical(served_max),
         match local_hw {
             Some(h) if h > standby_hw => format!("{} ms above the standby: committed locally, never served", h - standby_hw),
             _ => "not above the standby".into(),
         }
-    );
-    eprintln!(
-        "sync trap: primary log after the cancel:\n{}",
-        log_primary
-            .lines()
-            .filter(|l| l.contains("tsoracle") || l.contains("synchronous") || l.contains("terminat"))
-            .take(20)
-            .collect::<Vec<_>>()
-            .join("\n")
     );
     assert!(
         physical(served_max) <= standby_hw,
@@ -670,14 +714,14 @@ fn sync_wait_cancelled_never_serves_above_standby() {
 
     // Promote the standby: it starts above everything the old primary returned.
     drop(sc);
-    let (first_new, _, p2f, st_new) = promote_and_time(&standby, "sync trap");
+    let (first_new, _, p2f, st_new) = promote_and_time(&standby, label);
     assert!(
         first_new > served_max,
         "first timestamp after promotion {first_new} <= {served_max} returned by the old primary"
     );
     assert_eq!((st_new.epoch, st_new.timeline), (Some(2), Some(2)), "{st_new:?}");
     assert!(p2f.is_some(), "{st_new:?}");
-    // A little load on the new primary, then both histories over everything.
+    // Load on the new primary, then both histories over everything.
     target.set(&standby);
     let load = mixed_load(&target, &ts, &dense);
     let moved = Instant::now();
@@ -685,5 +729,29 @@ fn sync_wait_cancelled_never_serves_above_standby() {
     load.stop_and_join();
     let mut c = standby.connect();
     let totals = seq_totals(&mut c);
-    check_histories(&ts, &dense, &totals, "sync trap");
+    check_histories(&ts, &dense, &totals, label);
+
+    // Last (so that everything above is checked first): while the restarted worker waited
+    // for the standby, tso_status() must have said what it was doing: the fence.
+    eprintln!("{label}: while the restarted worker waited for the standby: states {blocked_states:?}; worker {blocked_worker}");
+    assert!(
+        blocked_states.iter().all(|s| s.starts_with("fencing ")),
+        "while the restarted worker waited for the standby (SyncRep), tso_status() said {blocked_states:?}, not 'fencing'; \
+         the worker (pid, wait_event, backend_xid, xact_start): {blocked_worker}"
+    );
+}
+
+/// The tsoracle worker's row in pg_stat_activity: pid, wait_event, backend_xid, xact_start.
+fn worker_row(c: &mut Client) -> String {
+    match c.query(
+        "SELECT pid::text, coalesce(wait_event, '-'), coalesce(backend_xid::text, '-'), coalesce(xact_start::text, '-') \
+           FROM pg_stat_activity WHERE backend_type = 'tsoracle worker'",
+        &[],
+    ) {
+        Ok(rows) => format!(
+            "{:?}",
+            rows.iter().map(|r| (0..4).map(|i| r.get::<_, String>(i)).collect::<Vec<_>>()).collect::<Vec<_>>()
+        ),
+        Err(e) => pg_error_string(&e),
+    }
 }

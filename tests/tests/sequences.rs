@@ -161,6 +161,20 @@ fn assert_no_crash(node: &mut Node, pm: Option<i32>) {
     );
 }
 
+/// Wait (bounded) until the worker has committed counter `key` at `total`.
+#[track_caller]
+fn wait_for_total(c: &mut Client, key: &str, total: i64) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while totals(c).get(key) != Some(&total) {
+        assert!(
+            Instant::now() < deadline,
+            "counter {key} not at {total} 20 s after the lock was released: {:?}",
+            totals(c)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// One call, timed and recorded into `history` (error recorded with its count).
 fn recorded_seq(c: &mut Client, history: &DenseHistory, key: &str, count: i32) -> Result<i64, postgres::Error> {
     let start = Instant::now();
@@ -246,6 +260,7 @@ fn crash_under_load(name: &str, how: Crash) {
 
     let t0 = Instant::now();
     wait_ok_calls(&history, t0, 300, "before the crash");
+    std::thread::sleep(Duration::from_millis(2_500).saturating_sub(t0.elapsed()));
     let mut c = node.connect();
     let before = counters(&mut c);
     let pm = node.postmaster_pid();
@@ -272,6 +287,7 @@ fn crash_under_load(name: &str, how: Crash) {
     }
     let up = Instant::now();
     wait_ok_calls(&history, up, 300, "after the restart");
+    std::thread::sleep(Duration::from_millis(2_500).saturating_sub(up.elapsed()));
     let stats = load.stop_and_join();
     if let Crash::Worker = how {
         assert_eq!(node.postmaster_pid(), pm, "the postmaster itself stayed up");
@@ -299,9 +315,10 @@ fn crash_under_load(name: &str, how: Crash) {
     }
 }
 
-/// kill -9 of the postmaster (and all its processes) in the middle of a 16-session load, then
-/// start: no block is granted twice, before or after; every gap is explained by calls that
-/// failed; only outage errors.
+/// kill -9 of the postmaster (and all its processes) in the middle of a 16-session load
+/// (about 2.5 s before and 2.5 s after), then start: no block is granted twice, before or
+/// after; every gap is explained by calls that failed (recorded with their counts); only
+/// outage errors; the next block of every key starts at its durable total.
 #[test]
 fn kill9_postmaster_under_load_grants_no_block_twice() {
     crash_under_load("seq-kill9-pm", Crash::Postmaster);
@@ -381,7 +398,9 @@ fn rollback_does_not_return_the_block() {
 ///   (never 40003: the stuck worker takes nothing more).
 ///
 /// After the lock is released the worker commits X's block, which is burnt: the next block
-/// starts right after it, nobody else got it, and a concurrent load stays dense.
+/// starts right after it and nobody else got it. Z, cancelled (`pg_cancel_backend`) while the
+/// stuck worker holds its request, gets 57014 and its block is burnt too. A concurrent load
+/// afterwards stays dense; the only gaps are X's and Z's blocks.
 ///
 /// Then the worker is terminated (`pg_terminate_backend`, exit code 1, so no crash restart)
 /// while it is blocked holding Y's request (with `extension_timeout_ms` raised to 20 s so Y
@@ -510,14 +529,35 @@ fn cancel_and_timeouts_while_the_worker_is_stuck() {
 
     // Release: the worker commits X's block [1, 5), which nobody else gets.
     locker.batch_execute("ROLLBACK").unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while totals(&mut su).get("w") != Some(&5) {
-        assert!(Instant::now() < deadline, "X's block was not committed after the lock was released: {:?}", totals(&mut su));
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_for_total(&mut su, "w", 5);
     assert_eq!(peek_ok(&mut su, "w"), Some(5), "only X's block was burnt");
     assert_eq!(peek_ok(&mut su, "w_other"), Some(1), "D's batch advanced nothing");
     assert_eq!(recorded_seq(&mut su, &history, "w", 1).unwrap(), 5);
+
+    // Z: cancelled after the worker took its request: 57014 (the interrupt wins; the
+    // extension does not turn it into 40003), and its block [6, 13) is burnt once the
+    // worker gets the lock.
+    locker.batch_execute("BEGIN; SELECT * FROM tsoracle.seq WHERE key = 'w' FOR UPDATE").unwrap();
+    let mut cz = node.connect();
+    let zpid = backend_pid(&mut cz);
+    let hz = history.clone();
+    let z = std::thread::spawn(move || {
+        let r = recorded_seq(&mut cz, &hz, "w", 7);
+        (r.map_err(|e| (sqlstate_of(&e), pg_error_string(&e))), cz)
+    });
+    wait_worker_blocked(&mut su, wpid); // nothing else is queued: the worker holds Z's request
+    wait_backend_waiting(&mut su, zpid);
+    let cancelled: bool = su.query_one("SELECT pg_cancel_backend($1)", &[&zpid]).unwrap().get(0);
+    assert!(cancelled);
+    let (rz, mut cz) = z.join().unwrap();
+    match rz {
+        Err((code, msg)) => assert_eq!(code, "57014", "Z, cancelled while the stuck worker held its request: {msg}"),
+        Ok(v) => panic!("Z succeeded with {v} while the worker was stuck"),
+    }
+    assert_session_alive(&mut cz, "Z after the cancel");
+    locker.batch_execute("ROLLBACK").unwrap();
+    wait_for_total(&mut su, "w", 13);
+    assert_eq!(recorded_seq(&mut su, &history, "w", 1).unwrap(), 13, "Z's block is burnt, not reused");
 
     // A concurrent load after the release stays dense (all the calls above included).
     let opts = SeqLoadOptions::new(8, Duration::from_secs(2), &["w"]);
@@ -525,7 +565,7 @@ fn cancel_and_timeouts_while_the_worker_is_stuck() {
     assert_eq!(stats.err_calls, 0, "{stats:?}");
     let t = totals_of(&mut su, &["w"]);
     let report = check_history(&history, &t, &stats);
-    assert_eq!(report.keys["w"].gaps, vec![(1, 5)], "the only gap is X's burnt block");
+    assert_eq!(report.keys["w"].gaps, vec![(1, 5), (6, 13)], "the only gaps are X's and Z's burnt blocks");
 
     // Part 2: the worker is terminated while it holds Y's request.
     assert_eq!(alter_system(&node, "tsoracle.extension_timeout_ms", Some("20000")).unwrap(), "20s");
