@@ -11,6 +11,7 @@ pub static MAX_SEQ_COUNT: GucSetting<i32> = GucSetting::<i32>::new(65536);
 pub static MAX_SEQ_KEYS: GucSetting<i32> = GucSetting::<i32>::new(100_000);
 pub static LEASE_TTL_MIN_MS: GucSetting<i32> = GucSetting::<i32>::new(5_000);
 pub static LEASE_TTL_MAX_MS: GucSetting<i32> = GucSetting::<i32>::new(300_000);
+pub static EXPIRED_LEASE_RETENTION_MS: GucSetting<i32> = GucSetting::<i32>::new(600_000);
 
 pub fn define() {
     GucRegistry::define_string_guc(
@@ -91,6 +92,16 @@ pub fn define() {
         GucContext::Sighup,
         GucFlags::UNIT_MS,
     );
+    GucRegistry::define_int_guc(
+        c"tsoracle.expired_lease_retention_ms",
+        c"How long an expired lease is remembered before it is purged.",
+        c"Renewing a remembered expired lease fails with 55000; once purged, with P0002.",
+        &EXPIRED_LEASE_RETENTION_MS,
+        0,
+        i32::MAX,
+        GucContext::Sighup,
+        GucFlags::UNIT_MS,
+    );
     unsafe { pgrx::pg_sys::MarkGUCPrefixReserved(c"tsoracle".as_ptr()) };
 }
 
@@ -127,4 +138,8 @@ pub fn lease_ttl_min_ms() -> i64 {
 
 pub fn lease_ttl_max_ms() -> i64 {
     i64::from(LEASE_TTL_MAX_MS.get())
+}
+
+pub fn expired_lease_retention_ms() -> u64 {
+    EXPIRED_LEASE_RETENTION_MS.get().max(0) as u64
 }

@@ -390,9 +390,9 @@ impl Worker {
 }
 
 /// An expired lease is kept (no longer live; renewing it says "expired", 55000) for
-/// `tsoracle.lease_ttl_max_ms`, then purged (renewing it then says "does not exist").
+/// `tsoracle.expired_lease_retention_ms`, then purged (renewing it then says "does not exist").
 fn purge_horizon(now_ms: u64) -> u64 {
-    now_ms.saturating_sub(guc::lease_ttl_max_ms().max(0) as u64)
+    now_ms.saturating_sub(guc::expired_lease_retention_ms())
 }
 
 /// `UPDATE … GREATEST … WHERE epoch = $2`: the one monotonic path to the high-water.

@@ -250,8 +250,9 @@ fn safe_frontier_moves() {
     assert!(f0 > 0 && f0 <= status_high_water(&mut c), "no lease: frontier {f0} is the high-water");
 
     // Expiry without release (first: leases granted later would push the high-water, and
-    // with it the bound of this lease, by their TTLs).
+    // with it the bound of this lease, by their TTLs). Expired leases are purged at once.
     assert_eq!(alter_system(&node, "tsoracle.lease_ttl_min_ms", Some("200")).unwrap(), "200ms");
+    assert_eq!(alter_system(&node, "tsoracle.expired_lease_retention_ms", Some("0")).unwrap(), "0");
     let e = acquire_ok(&mut c, "fe", 1, 1_000);
     let fe = frontier(&mut c);
     assert!(fe <= e.bound, "frontier {fe} above the held bound {}", e.bound);
@@ -313,22 +314,25 @@ fn safe_frontier_moves() {
     alter_system(&node, "tsoracle.lease_ttl_min_ms", None).unwrap();
 }
 
-/// `tso_lease_renew` of a lease that has expired is 55000 (the documented answer for an
-/// expired lease), also once the worker has swept its row away; P0002 is for ids that were
-/// never granted (or were released).
+/// `tso_lease_renew` of a lease that has expired is 55000 while the server remembers it
+/// (`tsoracle.expired_lease_retention_ms`, default 10 min): the row stays, no longer live.
+/// Once purged, the id is unknown: P0002, like an id that was never granted.
 #[test]
-fn renew_of_an_expired_lease_is_55000() {
+fn renew_of_an_expired_lease_is_55000_until_purged() {
     let node = serving_node("lease-expired");
     let mut c = node.connect();
     assert_eq!(alter_system(&node, "tsoracle.lease_ttl_min_ms", Some("200")).unwrap(), "200ms");
     let g = acquire_ok(&mut c, "late", 1, 500);
-    sleep_until_ms(g.expires);
-    wait_for("expired lease swept from tsoracle.lease", Duration::from_secs(20), || !lease_rows(&mut c).contains_key(&g.id));
+    sleep_until_ms(g.expires + 50);
+    wait_for("live_leases back to 0", Duration::from_secs(20), || counters(&mut c).live_leases == 0);
+    assert!(lease_rows(&mut c).contains_key(&g.id), "an expired lease is remembered");
     let r = renew(&mut c, g.id);
-    if let Err(e) = &r {
-        eprintln!("renew of the expired lease {}: {}", g.id, pg_error_string(e));
-    }
     expect_sqlstate(r, &SqlState::OBJECT_NOT_IN_PREREQUISITE_STATE, "renew of an expired lease");
+
+    assert_eq!(alter_system(&node, "tsoracle.expired_lease_retention_ms", Some("0")).unwrap(), "0");
+    wait_for("expired lease purged from tsoracle.lease", Duration::from_secs(20), || !lease_rows(&mut c).contains_key(&g.id));
+    let r = renew(&mut c, g.id);
+    expect_sqlstate(r, &SqlState::NO_DATA_FOUND, "renew of a purged lease");
 }
 
 // ============================================================================ 3

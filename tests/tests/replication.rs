@@ -328,7 +328,6 @@ fn three_promotions_in_a_row() {
         }
         let (_, took, p2f, st) = promote_and_time(&standby, &format!("round {} ({how})", round + 1));
         target.set(&standby);
-        since = Instant::now();
         let want = round as i64 + 2;
         assert_eq!(st.epoch, Some(want), "promotion {}: {st:?}", round + 1);
         assert_eq!(st.timeline, Some(want), "promotion {}: {st:?}", round + 1);
@@ -344,6 +343,8 @@ fn three_promotions_in_a_row() {
         fresh.start().expect("start the fresh standby");
         make_sync(&mut standby, fresh.name()).unwrap_or_else(|e| panic!("round {round}: {e}"));
         lap(&format!("round {}: {} is the synchronous standby", round + 1, fresh.name()));
+        // The next failover comes only after the load has run with the synchronous standby.
+        since = Instant::now();
         let old = std::mem::replace(&mut primary, std::mem::replace(&mut standby, fresh));
         drop(old);
         let st = status_of(&mut primary.connect());
@@ -650,7 +651,7 @@ fn sync_trap(label: &str, seq_share: f64) {
 
     let worker_lines: Vec<&str> = log_term
         .lines()
-        .filter(|l| l.contains("tsoracle worker:") || l.contains(" background worker \"tsoracle worker\""))
+        .filter(|l| l.contains("tsoracle worker :") || l.contains(" background worker \"tsoracle worker\""))
         .take(12)
         .collect();
     eprintln!("{label}: primary log after the terminate (worker lines):\n{}", worker_lines.join("\n"));
