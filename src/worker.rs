@@ -78,12 +78,24 @@ pub extern "C-unwind" fn tsoracle_worker_main(_arg: pg_sys::Datum) {
         signals.set_worker(pg_sys::MyLatch, pg_sys::MyProcPid);
         pg_sys::before_shmem_exit(Some(on_worker_exit), pg_sys::Datum::from(0usize));
     }
-    BackgroundWorker::transaction(|| {
-        // Session-level: wins over postgresql.conf, so every commit of ours is durable (and
-        // waits for synchronous standbys) whatever the server default is.
-        Spi::run("SET synchronous_commit = on; SET statement_timeout = 0; SET lock_timeout = 0; SET idle_in_transaction_session_timeout = 0")
-    })
-    .unwrap_or_else(|e| pgrx::error!("tsoracle worker could not configure its session: {e}"));
+    // Override-level settings win over postgresql.conf, ALTER SYSTEM/ROLE/DATABASE: every
+    // commit of ours is durable (and waits for synchronous standbys) whatever the server
+    // default is, and no timeout aborts a durable write halfway.
+    for (name, value) in [
+        (c"synchronous_commit", c"on"),
+        (c"statement_timeout", c"0"),
+        (c"lock_timeout", c"0"),
+        (c"idle_in_transaction_session_timeout", c"0"),
+    ] {
+        unsafe {
+            pg_sys::SetConfigOption(
+                name.as_ptr(),
+                value.as_ptr(),
+                pg_sys::GucContext::PGC_SUSET,
+                pg_sys::GucSource::PGC_S_OVERRIDE,
+            )
+        };
+    }
 
     pgrx::log!("tsoracle worker started (database \"{database}\")");
     let mut worker = Worker { signals, leases: LeaseTable::new() };
@@ -123,11 +135,19 @@ const TABLES: [&str; 3] = ["tsoracle.high_water", "tsoracle.seq", "tsoracle.leas
 fn wait_for_extension(signals: &Signals, database: &str) -> bool {
     let mut announced = None;
     loop {
+        // Read-only SPI: a transaction that got an xid (pgrx's Spi::get_one asks for one)
+        // and pruned a catalog page would wait for synchronous standbys at commit.
         let missing = BackgroundWorker::transaction(|| {
-            Spi::get_one_with_args::<i64>(
-                "SELECT count(*) FROM unnest($1::text[]) AS t(name) WHERE to_regclass(t.name) IS NULL",
-                &[TABLES.map(String::from).to_vec().into()],
-            )
+            Spi::connect(|client| {
+                client
+                    .select(
+                        "SELECT count(*) FROM unnest($1::text[]) AS t(name) WHERE to_regclass(t.name) IS NULL",
+                        None,
+                        &[TABLES.map(String::from).to_vec().into()],
+                    )?
+                    .first()
+                    .get_one::<i64>()
+            })
         })
         .ok()
         .flatten()

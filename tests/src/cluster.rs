@@ -9,8 +9,9 @@
 //!   thread was connected to.
 //! * Synchronous standby set-up ([`make_sync`]), replay waits ([`wait_replayed`],
 //!   [`wait_end_of_local_wal`]), a standby cut off from its primary
-//!   ([`remove_primary_conninfo`]), the tsoracle worker's process ([`worker_activity`]) and
-//!   promotion timing ([`first_timestamp`]).
+//!   ([`remove_primary_conninfo`]), the tsoracle worker's process ([`worker_activity`]),
+//!   promotion without a long-running query on the standby ([`promote`]) and promotion timing
+//!   ([`first_timestamp`]).
 //!
 //! Everything is bounded in time.
 
@@ -422,6 +423,35 @@ pub fn first_timestamp(c: &mut Client, since: Instant, timeout: Duration) -> Res
         };
         if Instant::now() > deadline {
             return Err(HarnessError::Timeout(format!("no timestamp within {timeout:?}; last: {last}")));
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Promote a hot standby with `pg_promote(false)` (signal only) and poll `pg_is_in_recovery()`
+/// every millisecond until it is false (bounded by [`CLUSTER_WAIT`]); returns how long that
+/// took. Unlike `pg_promote(true, ...)`, no query holds a snapshot while the promotion runs:
+/// a waiting `pg_promote(true)` conflicts with the replay of cleanup records still arriving
+/// from a live primary, and the startup process then waits `max_standby_streaming_delay`
+/// (30 s) before it cancels the call and only then sees the promote request.
+pub fn promote(standby: &Node) -> Result<Duration> {
+    let mut c = standby.try_connect(CLUSTER_WAIT)?;
+    let t0 = Instant::now();
+    let signalled: bool = c.query_one("SELECT pg_promote(false)", &[])?.get(0);
+    if !signalled {
+        return Err(HarnessError::Other(format!("node {}: pg_promote(false) returned false", standby.name())));
+    }
+    let deadline = t0 + CLUSTER_WAIT;
+    loop {
+        let in_recovery: bool = c.query_one("SELECT pg_is_in_recovery()", &[])?.get(0);
+        if !in_recovery {
+            return Ok(t0.elapsed());
+        }
+        if Instant::now() > deadline {
+            return Err(HarnessError::Timeout(format!(
+                "node {}: still in recovery {CLUSTER_WAIT:?} after pg_promote",
+                standby.name()
+            )));
         }
         std::thread::sleep(Duration::from_millis(1));
     }

@@ -547,14 +547,11 @@ impl Node {
     }
 
     /// `SELECT pg_promote(true, 60)`; errors if it did not promote.
+    /// Promote this standby and return once it is out of recovery. `pg_promote(false)` plus
+    /// polling: `pg_promote(true)` holds a snapshot while it waits, and replaying the
+    /// primary's cleanup can then cancel it (40001) before promotion even starts.
     pub fn promote(&self) -> Result<()> {
-        let mut c = self.try_connect(CONNECT_TIMEOUT)?;
-        let ok: bool = c.query_one("SELECT pg_promote(true, 60)", &[])?.get(0);
-        if ok {
-            Ok(())
-        } else {
-            Err(HarnessError::Other(format!("node {}: pg_promote returned false", self.name)))
-        }
+        crate::cluster::promote(self).map(|_| ())
     }
 
     pub fn is_in_recovery(&self) -> Result<bool> {
@@ -845,7 +842,9 @@ pub fn pick_port() -> Result<u16> {
 }
 
 fn scrub_env(cmd: &mut Command) {
-    for v in ["PGDATA", "PGHOST", "PGHOSTADDR", "PGPORT", "PGUSER", "PGDATABASE", "PGOPTIONS", "PGPASSWORD", "PGSERVICE"] {
+    // RUST_BACKTRACE (set by cargo test runs) would make the extension attach backtraces
+    // to error details, which a real server does not do.
+    for v in ["PGDATA", "PGHOST", "PGHOSTADDR", "PGPORT", "PGUSER", "PGDATABASE", "PGOPTIONS", "PGPASSWORD", "PGSERVICE", "RUST_BACKTRACE", "RUST_LIB_BACKTRACE"] {
         cmd.env_remove(v);
     }
     cmd.env("LC_ALL", "C");

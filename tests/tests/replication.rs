@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use postgres::error::SqlState;
 use postgres::Client;
 use tsoracle_tests::cluster::{
-    first_timestamp, make_sync, promotion_to_first_ts_ms, remove_primary_conninfo, wait_end_of_local_wal,
+    self, first_timestamp, make_sync, promotion_to_first_ts_ms, remove_primary_conninfo, wait_end_of_local_wal,
     wait_replayed, worker_activity, MixedLoad, MixedLoadOptions, PrimaryPointer,
 };
 use tsoracle_tests::tso::{durable_high_water, status, tso_next, TsoStatus};
@@ -137,20 +137,22 @@ fn check_histories(ts: &History, dense: &DenseHistory, totals: &BTreeMap<String,
 }
 
 /// Open a session on the standby before promoting it (a hot-standby session survives the
-/// promotion), promote with `pg_promote(true, 60)`, and time the first `tso_next()` that
-/// succeeds after `pg_promote()` returned. Returns (first value, time to it,
+/// promotion), promote it ([`cluster::promote`]: `pg_promote(false)`, then poll until
+/// `pg_is_in_recovery()` is false, which is when `pg_promote(true)` would return), and time
+/// the first `tso_next()` that succeeds after that. Returns (first value, time to it,
 /// `promotion_to_first_ts_ms`, the new primary's status).
 fn promote_and_time(standby: &Node, label: &str) -> (i64, Duration, Option<i64>, TsoStatus) {
     let mut c = standby.connect();
-    standby.promote().unwrap_or_else(|e| panic!("{label}: pg_promote: {e}"));
+    let promotion = cluster::promote(standby).unwrap_or_else(|e| panic!("{label}: promotion: {e}"));
     let promoted = Instant::now();
     let (first, took) = first_timestamp(&mut c, promoted, Duration::from_secs(30))
         .unwrap_or_else(|e| panic!("{label}: no timestamp from the promoted standby: {e}"));
     let st = status_of(&mut c);
     let p2f = promotion_to_first_ts_ms(&mut c).unwrap_or_else(|e| panic!("{}", pg_error_string(&e)));
     eprintln!(
-        "{label}: PROMOTION TIMING: pg_promote() returned -> first tso_next() {:.1} ms; \
+        "{label}: PROMOTION TIMING: pg_promote() -> out of recovery {:.1} ms; out of recovery -> first tso_next() {:.1} ms; \
          tso_status().promotion_to_first_ts_ms = {p2f:?}; last_fence_ms = {:?}",
+        promotion.as_secs_f64() * 1e3,
         took.as_secs_f64() * 1e3,
         st.last_fence_ms
     );
@@ -460,7 +462,7 @@ fn standby_errors_and_status() {
     drop(sc);
     drop(pc);
     drop(primary);
-    standby.promote().unwrap();
+    cluster::promote(&standby).unwrap();
     let st = standby.wait_serving().unwrap();
     assert_eq!((st.role.as_str(), st.epoch), ("primary", Some(2)), "{st:?}");
     let mut c = standby.connect();
@@ -501,8 +503,9 @@ fn sync_wait_cancelled_window_extension() {
 ///     the primary every 10 ms from before the stop to the end;
 ///   * the cancelled worker is the same process, still waiting, and nothing in the log says
 ///     a wait was cancelled;
-///   * after the terminate the restarted worker's fence cannot commit (it waits in SyncRep):
-///     no call that started once it was seen fencing succeeds;
+///   * after the terminate the restarted worker cannot commit either (it is seen waiting in
+///     SyncRep): tso_status() never says 'serving' and no call that started from then on
+///     succeeds;
 ///   * every `tso_seq` block the old primary returned lies below the standby's counter (the
 ///     dense check with the promoted standby's `tso_seq_peek` as totals fails with
 ///     `BeyondTotal` otherwise), and gaps are explained by errored calls;
@@ -511,6 +514,10 @@ fn sync_wait_cancelled_window_extension() {
 ///
 /// Not guaranteed, only reported: the old primary's own `tsoracle.high_water` row may be above
 /// the standby's, since a commit whose wait was cut short is still committed locally.
+///
+/// Checked last (so that a failure there does not hide the above): while the restarted worker
+/// waits for the standby, `tso_status().state` says `fencing` (README: the fence runs after
+/// every start and must commit), not `starting` / "connecting to database".
 fn sync_trap(label: &str, seq_share: f64) {
     let (mut primary, mut standby) = sync_pair("primary", "standby1");
     let mut ctl = primary.connect();
