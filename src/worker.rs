@@ -57,7 +57,6 @@ pub extern "C-unwind" fn tsoracle_worker_main(_arg: pg_sys::Datum) {
         // to serve from that commit.
         pg_sys::pqsignal(libc::SIGTERM, Some(die));
         // A query cancel ends such a wait too, and leaves no trace afterwards: ignore it.
-        pg_sys::pqsignal(libc::SIGINT, None);
         libc::signal(libc::SIGINT, libc::SIG_IGN);
     }
 
@@ -200,9 +199,16 @@ impl Worker {
         let timeline = unsafe { pg_sys::GetWALInsertionTimeLine() };
         let advance = guc::failover_advance_ms();
         let (floor_ms, high_water_ms, epoch, leases, promoted) = BackgroundWorker::transaction(|| {
-            let (prior, prior_epoch) =
-                Spi::get_two::<i64, i64>("SELECT physical_ms, epoch FROM tsoracle.high_water WHERE id")
-                    .unwrap_or((None, None));
+            // No row only before the very first fence; a failed read is never taken for one.
+            let (prior, prior_epoch) = Spi::connect(|client| {
+                let rows = client.select("SELECT physical_ms, epoch FROM tsoracle.high_water WHERE id", None, &[])?;
+                if rows.is_empty() {
+                    Ok((None, None))
+                } else {
+                    rows.first().get_two::<i64, i64>()
+                }
+            })
+            .unwrap_or_else(|e| pgrx::error!("tsoracle fence could not read the high-water: {e}"));
             let prior = prior.unwrap_or(0).max(0) as u64;
             // A row written on an older timeline: this server was promoted since.
             let promoted = prior_epoch.is_some_and(|e| e < i64::from(timeline));
