@@ -22,7 +22,7 @@
 # pg_ctl, initdb, the libraries, the share directory) taken at the start, with tsoracle.so and
 # its SQL copied in: PostgreSQL finds pkglibdir and sharedir relative to its executable, so
 # the benchmark measures one consistent build even if tsoracle is reinstalled meanwhile (an
-# in-place reinstall under a running server crashes it).
+# in-place reinstall under a running server can crash it).
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)

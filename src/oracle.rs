@@ -168,12 +168,20 @@ pub fn submit(requests: &[Request]) -> Result<Vec<Reply>, TsoError> {
 
     let mut pending = PendingTickets { tickets, answered: false };
     let replies = wait_on(signals.answers_condvar(), || {
-        let mut queue = QUEUE.exclusive();
-        if !pending.tickets.iter().all(|&t| queue.is_answered(t)) {
-            drop(queue);
-            signals.wake_worker();
-            return Ok(None);
+        {
+            // Every waiter wakes at each group commit: look under a shared lock, and poke
+            // the worker only for requests it has not taken yet.
+            let queue = QUEUE.share();
+            if !pending.tickets.iter().all(|&t| queue.is_answered(t)) {
+                let untaken = pending.tickets.iter().any(|&t| queue.is_pending(t));
+                drop(queue);
+                if untaken {
+                    signals.wake_worker();
+                }
+                return Ok(None);
+            }
         }
+        let mut queue = QUEUE.exclusive();
         let replies: Vec<Reply> = pending.tickets.iter().filter_map(|&t| queue.take_reply(t)).collect();
         Ok(Some(replies))
     })?;

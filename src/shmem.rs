@@ -252,6 +252,12 @@ impl RequestQueue {
         self.slots.get_mut(ticket.index).filter(|s| s.generation == ticket.generation)
     }
 
+    pub fn is_pending(&self, ticket: Ticket) -> bool {
+        self.slots
+            .get(ticket.index)
+            .is_some_and(|s| s.generation == ticket.generation && s.state == SlotState::Pending)
+    }
+
     pub fn is_answered(&self, ticket: Ticket) -> bool {
         self.slots
             .get(ticket.index)

@@ -12,6 +12,8 @@ use crate::shmem::{
 };
 use pgrx::bgworkers::{BackgroundWorker, BackgroundWorkerBuilder, BgWorkerStartTime, SignalWakeFlags};
 use pgrx::prelude::*;
+use pgrx::spi::OwnedPreparedStatement;
+use pgrx::PgOid;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 use tsoracle_core::allocator::WindowExtension;
@@ -97,7 +99,7 @@ pub extern "C-unwind" fn tsoracle_worker_main(_arg: pg_sys::Datum) {
     }
 
     pgrx::log!("tsoracle worker started (database \"{database}\")");
-    let mut worker = Worker { signals, leases: LeaseTable::new() };
+    let mut worker = Worker { signals, leases: LeaseTable::new(), seq_statements: None };
     loop {
         if !wait_for_extension(signals, &database) {
             break;
@@ -179,6 +181,39 @@ fn wait_for_extension(signals: &Signals, database: &str) -> bool {
 struct Worker {
     signals: &'static Signals,
     leases: LeaseTable,
+    /// Plans of the group commit's statements, prepared once per worker life.
+    seq_statements: Option<SeqStatements>,
+}
+
+/// The two statements of a sequence group commit, kept across transactions (SPI_keepplan):
+/// parsing and planning them for every group cost as much as the commit's fsync.
+struct SeqStatements {
+    lock_counters: OwnedPreparedStatement,
+    store_counters: OwnedPreparedStatement,
+}
+
+impl SeqStatements {
+    fn prepare() -> SeqStatements {
+        let text_array = PgOid::BuiltIn(PgBuiltInOids::TEXTARRAYOID);
+        let int8_array = PgOid::BuiltIn(PgBuiltInOids::INT8ARRAYOID);
+        Spi::connect(|client| {
+            let lock_counters = client
+                .prepare_mut(
+                    "SELECT key, next FROM tsoracle.seq WHERE key = ANY($1) ORDER BY key FOR UPDATE",
+                    &[text_array],
+                )?
+                .keep();
+            let store_counters = client
+                .prepare_mut(
+                    "INSERT INTO tsoracle.seq AS s (key, next) SELECT * FROM unnest($1::text[], $2::bigint[]) \
+                     ON CONFLICT (key) DO UPDATE SET next = GREATEST(s.next, EXCLUDED.next), updated_at = now()",
+                    &[text_array, int8_array],
+                )?
+                .keep();
+            Ok::<_, pgrx::spi::Error>(SeqStatements { lock_counters, store_counters })
+        })
+        .unwrap_or_else(|e| pgrx::error!("tsoracle could not prepare its sequence statements: {e}"))
+    }
 }
 
 impl Worker {
@@ -354,11 +389,14 @@ impl Worker {
         };
         let mut leases = self.leases.clone();
         let requests = taken.clone();
-        let (replies, high_water, leases) = BackgroundWorker::transaction(move || {
-            let mut replies = advance_sequences(&requests);
+        let mut statements = self.seq_statements.take();
+        let (replies, high_water, leases, statements) = BackgroundWorker::transaction(move || {
+            let prepared = statements.get_or_insert_with(SeqStatements::prepare);
+            let mut replies = advance_sequences(prepared, &requests);
             let high_water = mutate_leases(&requests, &mut replies, &mut leases, now, window, epoch);
-            (replies, high_water, leases)
+            (replies, high_water, leases, statements)
         });
+        self.seq_statements = statements;
         crate::replica::confirm_replicated();
         self.leases = leases;
         self.publish_lease_bounds();
@@ -600,7 +638,7 @@ impl LeaseWrite {
 
 /// The sequence part of a group commit: read the touched counters (locked), plan every
 /// block in queue order (pure, `plan_group`), write each moved counter once.
-fn advance_sequences(taken: &[(Ticket, Request)]) -> Vec<Reply> {
+fn advance_sequences(statements: &SeqStatements, taken: &[(Ticket, Request)]) -> Vec<Reply> {
     let mut replies = vec![Reply::default(); taken.len()];
     let seq: Vec<(usize, &Request)> = taken
         .iter()
@@ -618,11 +656,7 @@ fn advance_sequences(taken: &[(Ticket, Request)]) -> Vec<Reply> {
         keys
     };
     let current: HashMap<String, i64> = Spi::connect_mut(|client| {
-        let rows = client.update(
-            "SELECT key, next FROM tsoracle.seq WHERE key = ANY($1) ORDER BY key FOR UPDATE",
-            None,
-            &[keys.clone().into()],
-        )?;
+        let rows = client.update(&statements.lock_counters, None, &[keys.clone().into()])?;
         rows.map(|row| Ok((row.get::<String>(1)?.unwrap_or_default(), row.get::<i64>(2)?.unwrap_or(0))))
             .collect::<Result<HashMap<_, _>, pgrx::spi::Error>>()
     })
@@ -648,12 +682,8 @@ fn advance_sequences(taken: &[(Ticket, Request)]) -> Vec<Reply> {
 
     if !plan.updates.is_empty() {
         let (keys, values): (Vec<String>, Vec<i64>) = plan.updates.iter().cloned().unzip();
-        Spi::run_with_args(
-            "INSERT INTO tsoracle.seq AS s (key, next) SELECT * FROM unnest($1::text[], $2::bigint[]) \
-             ON CONFLICT (key) DO UPDATE SET next = GREATEST(s.next, EXCLUDED.next), updated_at = now()",
-            &[keys.into(), values.into()],
-        )
-        .unwrap_or_else(|e| pgrx::error!("tsoracle could not advance the sequence counters: {e}"));
+        Spi::connect_mut(|client| client.update(&statements.store_counters, None, &[keys.into(), values.into()]).map(|_| ()))
+            .unwrap_or_else(|e| pgrx::error!("tsoracle could not advance the sequence counters: {e}"));
     }
 
     for ((i, _), result) in advances.iter().zip(&plan.results) {
