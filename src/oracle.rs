@@ -1,7 +1,8 @@
 //! The caller's side of the oracle: take timestamps from the shared window, or wait
 //! (bounded) for the worker when the window is exhausted or not yet fenced.
 //!
-//! Callers never write anything durable. In steady state a call is one LWLock round trip.
+//! Callers never write anything durable. In steady state a call is one compare-and-swap on
+//! the shared window: no lock, no I/O.
 
 use crate::clock::now_ms;
 use crate::error::TsoError;
@@ -150,14 +151,42 @@ fn wait_on<T>(
     result
 }
 
+/// Like `wait_on`, but on this backend's own latch, which the worker sets when it has
+/// answered our requests (PostgreSQL's synchronous replication waits the same way).
+fn wait_on_latch<T>(mut poll: impl FnMut() -> Result<Option<T>, TsoError>) -> Result<Option<T>, TsoError> {
+    let timeout_ms = guc::extension_timeout_ms();
+    let started = Instant::now();
+    loop {
+        // Reset before looking, so an answer that lands after the look still wakes us.
+        unsafe { pg_sys::ResetLatch(pg_sys::MyLatch) };
+        if let Some(v) = poll()? {
+            return Ok(Some(v));
+        }
+        let left = timeout_ms - started.elapsed().as_millis() as i64;
+        if left <= 0 {
+            return Ok(None);
+        }
+        unsafe {
+            pg_sys::WaitLatch(
+                pg_sys::MyLatch,
+                (pg_sys::WL_LATCH_SET | pg_sys::WL_TIMEOUT | pg_sys::WL_EXIT_ON_PM_DEATH) as i32,
+                left.min(50),
+                pg_sys::PG_WAIT_EXTENSION,
+            )
+        };
+        pg_sys::check_for_interrupts!();
+    }
+}
+
 /// Hand `requests` to the worker as one unit (all in the same group commit) and wait for
 /// its answers. Waiting is bounded by `tsoracle.extension_timeout_ms`; a caller that leaves
 /// (timeout, cancel, disconnect) after the worker took its requests may lose their effect
 /// (a gap), which is never given to anyone else.
 pub fn submit(requests: &[Request]) -> Result<Vec<Reply>, TsoError> {
     let signals = shmem::signals()?;
+    let my_latch = unsafe { pg_sys::MyLatch };
     let tickets = wait_on(signals.answers_condvar(), || {
-        let tickets = QUEUE.exclusive().enqueue(requests);
+        let tickets = QUEUE.exclusive().enqueue(requests, my_latch);
         if tickets.is_none() {
             signals.wake_worker();
         }
@@ -167,10 +196,10 @@ pub fn submit(requests: &[Request]) -> Result<Vec<Reply>, TsoError> {
     signals.wake_worker();
 
     let mut pending = PendingTickets { tickets, answered: false };
-    let replies = wait_on(signals.answers_condvar(), || {
+    let replies = wait_on_latch(|| {
         {
-            // Every waiter wakes at each group commit: look under a shared lock, and poke
-            // the worker only for requests it has not taken yet.
+            // Look under a shared lock, and poke the worker only for requests it has not
+            // taken yet (it may have been between lives when we queued them).
             let queue = QUEUE.share();
             if !pending.tickets.iter().all(|&t| queue.is_answered(t)) {
                 let untaken = pending.tickets.iter().any(|&t| queue.is_pending(t));

@@ -183,7 +183,7 @@ impl Reply {
     }
 }
 
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug)]
 #[repr(C)]
 pub struct Slot {
     pub state: SlotState,
@@ -192,6 +192,21 @@ pub struct Slot {
     pub generation: u64,
     pub request: Request,
     pub reply: Reply,
+    /// The caller's process latch (in shared memory): the worker wakes exactly the callers
+    /// it answered, not every waiter.
+    pub waiter: *mut pg_sys::Latch,
+}
+
+impl Default for Slot {
+    fn default() -> Self {
+        Slot {
+            state: SlotState::Free,
+            generation: 0,
+            request: Request::default(),
+            reply: Reply::default(),
+            waiter: std::ptr::null_mut(),
+        }
+    }
 }
 
 /// Fixed-size queue of requests for the worker, under its own LWLock.
@@ -229,7 +244,8 @@ impl RequestQueue {
     }
 
     /// Put all `requests` in at once (a batch is all or nothing), or none if there is no room.
-    pub fn enqueue(&mut self, requests: &[Request]) -> Option<Vec<Ticket>> {
+    /// `waiter` is the latch the worker sets when it has answered them.
+    pub fn enqueue(&mut self, requests: &[Request], waiter: *mut pg_sys::Latch) -> Option<Vec<Ticket>> {
         if self.free_slots() < requests.len() {
             return None;
         }
@@ -242,7 +258,7 @@ impl RequestQueue {
             let generation = self.next_generation;
             self.next_generation += 1;
             let request = Request { batch, ..*request };
-            *slot = Slot { state: SlotState::Pending, generation, request, reply: Reply::default() };
+            *slot = Slot { state: SlotState::Pending, generation, request, reply: Reply::default(), waiter };
             tickets.push(Ticket { index, generation });
         }
         Some(tickets)
@@ -312,31 +328,39 @@ impl RequestQueue {
     }
 
     /// Worker: answer a request it took; a request whose caller left is freed (a gap).
-    pub fn answer(&mut self, ticket: Ticket, reply: Reply) {
-        if let Some(slot) = self.slot_mut(ticket) {
-            match slot.state {
-                SlotState::Taken => {
-                    slot.state = SlotState::Done;
-                    slot.reply = reply;
-                }
-                SlotState::Abandoned => slot.state = SlotState::Free,
-                _ => {}
+    /// Returns the latch of the caller to wake.
+    pub fn answer(&mut self, ticket: Ticket, reply: Reply) -> Option<*mut pg_sys::Latch> {
+        let slot = self.slot_mut(ticket)?;
+        match slot.state {
+            SlotState::Taken => {
+                slot.state = SlotState::Done;
+                slot.reply = reply;
+                Some(slot.waiter)
             }
+            SlotState::Abandoned => {
+                slot.state = SlotState::Free;
+                None
+            }
+            _ => None,
         }
     }
 
-    /// Worker start: requests a previous worker took may or may not be committed.
-    pub fn fail_taken(&mut self) {
+    /// Worker start: requests a previous worker took may or may not be committed. Returns
+    /// the latches of their callers.
+    pub fn fail_taken(&mut self) -> Vec<*mut pg_sys::Latch> {
+        let mut waiters = Vec::new();
         for slot in self.slots.iter_mut() {
             match slot.state {
                 SlotState::Taken => {
                     slot.state = SlotState::Done;
                     slot.reply = Reply::err(ReplyCode::Unknown);
+                    waiters.push(slot.waiter);
                 }
                 SlotState::Abandoned => slot.state = SlotState::Free,
                 _ => {}
             }
         }
+        waiters
     }
 }
 
@@ -452,6 +476,7 @@ impl Signals {
         self.requests_answered.get()
     }
 
+    /// Wake callers waiting for a free queue slot.
     pub fn broadcast_answers(&self) {
         unsafe { pg_sys::ConditionVariableBroadcast(self.answers_condvar()) };
     }
@@ -536,4 +561,15 @@ pub fn init() {
 /// Shared signals, or `NotPreloaded`.
 pub fn signals() -> Result<&'static Signals, crate::error::TsoError> {
     SIGNALS.get().ok_or(crate::error::TsoError::NotPreloaded)
+}
+
+/// Set the latches of callers the worker answered (after the queue lock is released).
+pub fn wake_waiters(waiters: impl IntoIterator<Item = *mut pg_sys::Latch>) {
+    for latch in waiters {
+        if !latch.is_null() {
+            // SAFETY: a PGPROC latch in shared memory; a caller that has left only sees a
+            // spurious wake-up of whatever its backend waits for next.
+            unsafe { pg_sys::SetLatch(latch) };
+        }
+    }
 }

@@ -73,7 +73,8 @@ pub extern "C-unwind" fn tsoracle_worker_main(_arg: pg_sys::Datum) {
     BackgroundWorker::connect_worker_to_spi(Some(&database), None);
 
     // Requests a previous worker took may or may not have been committed: say so.
-    QUEUE.exclusive().fail_taken();
+    let waiters = QUEUE.exclusive().fail_taken();
+    shmem::wake_waiters(waiters);
     signals.broadcast_answers();
     unsafe {
         signals.set_worker(pg_sys::MyLatch, pg_sys::MyProcPid);
@@ -408,14 +409,13 @@ impl Worker {
         } else {
             ORACLE.exclusive().worker_commits += 1;
         }
-        {
+        let waiters: Vec<_> = {
             let mut queue = QUEUE.exclusive();
-            for (&(ticket, _), reply) in taken.iter().zip(replies) {
-                queue.answer(ticket, reply);
-            }
             queue.group_commits += 1;
             queue.grouped_requests += taken.len() as u64;
-        }
+            taken.iter().zip(replies).filter_map(|(&(ticket, _), reply)| queue.answer(ticket, reply)).collect()
+        };
+        shmem::wake_waiters(waiters);
         self.signals.broadcast_answers();
     }
 

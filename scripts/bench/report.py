@@ -304,20 +304,20 @@ if ext_runs:
 end = status.get("end", {})
 if seq_available:
     req = com = 0
-    have = "seq_requests" in end and "seq_commits" in end
+    have = "grouped_requests" in end and "group_commits" in end
     for label in status:
         if label.startswith("seq_before."):
             after = "seq_after." + label[len("seq_before."):]
-            dr, dc = delta(label, after, "seq_requests"), delta(label, after, "seq_commits")
+            dr, dc = delta(label, after, "grouped_requests"), delta(label, after, "group_commits")
             req += dr or 0
             com += dc or 0
     if have:
-        w(f"  tso_seq runs: seq_requests {req}, seq_commits {com}, mean group size "
+        w(f"  tso_seq runs: grouped_requests {req}, group_commits {com}, mean group size "
           f"{(req / com) if com else float('nan'):.1f} requests per commit")
     else:
-        w("  tso_seq runs: tso_status() has no seq_requests/seq_commits columns; derived instead:")
-    # Derived from pgbench's transaction counts and the worker's commits that were not window
-    # extensions (works whether or not the seq_* columns exist).
+        w("  tso_seq runs: tso_status() has no grouped_requests/group_commits columns; derived instead:")
+    # Also derived from pgbench's transaction counts and the worker's commits that were not
+    # window extensions, per client count.
     for (wl, c), runs in sorted(txns.items()):
         if wl != "tso_seq":
             continue
