@@ -145,7 +145,7 @@ fn tso_status() -> TableIterator<
     };
     let live_leases = LEASE_BOUNDS.share().len as i64;
     let worker_pid = signals.worker_pid();
-    let issued = signals.timestamps_issued.load(Ordering::Relaxed) as i64;
+    let issued = signals.timestamps_issued() as i64;
     let counters = (issued, st.window_extensions as i64, st.fences as i64);
     let first_grant_ms = signals.first_grant_ms.load(Ordering::Relaxed);
     let promotion_to_first_ts_ms = (st.last_fence_promoted && first_grant_ms > 0)

@@ -41,7 +41,7 @@ fn try_grant(signals: &Signals, count: u32) -> Result<Result<u64, Blocked>, TsoE
     let now = now_ms();
     match signals.window.try_grant(now, count) {
         Ok(first) => {
-            signals.timestamps_issued.fetch_add(u64::from(count), Ordering::Relaxed);
+            signals.count_issued(count);
             if signals.first_grant_ms.load(Ordering::Relaxed) == 0 {
                 signals.first_grant_ms.store(now.max(1), Ordering::Relaxed);
             }

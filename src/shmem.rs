@@ -402,15 +402,34 @@ unsafe impl PGRXSharedMemory for LeaseBounds {}
 
 pub static LEASE_BOUNDS: PgLwLock<LeaseBounds> = unsafe { PgLwLock::new(c"tsoracle_lease_bounds") };
 
+/// Slots of the issued-timestamps counter.
+const ISSUED_SLOTS: usize = 64;
+
+/// Keeps what it holds on a cache line of its own (no false sharing between the window,
+/// which every call writes, and what calls only read or write per backend).
+#[derive(Debug)]
+#[repr(C, align(64))]
+pub struct CacheLine<T>(pub T);
+
+impl<T> std::ops::Deref for CacheLine<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
+
 /// Lock-free state shared by callers and the worker: the window `tso_next()` takes from,
 /// and the signals between callers and the worker.
 #[repr(C)]
 pub struct Signals {
     /// The hot path: timestamps are taken from here with one compare-and-swap.
-    pub window: AtomicWindow,
-    pub timestamps_issued: AtomicU64,
-    /// Clock time of the first timestamp served after the last fence (0: none yet).
-    pub first_grant_ms: AtomicU64,
+    pub window: CacheLine<AtomicWindow>,
+    /// Timestamps issued, summed over slots that backends add to by process number, so
+    /// that concurrent callers do not all write one cache line.
+    issued: [CacheLine<AtomicU64>; ISSUED_SLOTS],
+    /// Clock time of the first timestamp served after the last fence (0: none yet). Written
+    /// once per fence, read by every call: on its own cache line.
+    pub first_grant_ms: CacheLine<AtomicU64>,
     /// Broadcast by the worker whenever the committed window or the phase changes.
     window_moved: UnsafeCell<pg_sys::ConditionVariable>,
     /// Broadcast by the worker when it has answered requests (or freed queue slots).
@@ -427,6 +446,16 @@ pub struct Signals {
 unsafe impl PGRXSharedMemory for Signals {}
 
 impl Signals {
+    /// Count `count` timestamps issued by this backend.
+    pub fn count_issued(&self, count: u32) {
+        let slot = unsafe { (*pg_sys::MyProc).pgprocno }.unsigned_abs() as usize % ISSUED_SLOTS;
+        self.issued[slot].fetch_add(u64::from(count), Ordering::Relaxed);
+    }
+
+    pub fn timestamps_issued(&self) -> u64 {
+        self.issued.iter().map(|c| c.load(Ordering::Relaxed)).sum()
+    }
+
     pub fn worker_pid(&self) -> i32 {
         self.worker_pid.load(Ordering::Acquire)
     }
@@ -492,6 +521,9 @@ pub struct SharedSignals {
 unsafe impl Sync for SharedSignals {}
 
 impl SharedSignals {
+    /// Room for `Signals` at its alignment, wherever PostgreSQL places the block.
+    const RAW_SIZE: usize = std::mem::size_of::<Signals>() + std::mem::align_of::<Signals>();
+
     const fn new(name: &'static CStr) -> Self {
         Self { name, inner: UnsafeCell::new(std::ptr::null_mut()) }
     }
@@ -512,7 +544,7 @@ impl PgSharedMemoryInitialization for SharedSignals {
     type Value = SignalsInit;
 
     unsafe fn on_shmem_request(&'static self) {
-        unsafe { pg_sys::RequestAddinShmemSpace(std::mem::size_of::<Signals>()) };
+        unsafe { pg_sys::RequestAddinShmemSpace(Self::RAW_SIZE) };
     }
 
     unsafe fn on_shmem_startup(&'static self, _value: SignalsInit) {
@@ -521,17 +553,15 @@ impl PgSharedMemoryInitialization for SharedSignals {
             let init_lock = &raw mut (*pg_sys::MainLWLockArray.add(21)).lock;
             pg_sys::LWLockAcquire(init_lock, pg_sys::LWLockMode::LW_EXCLUSIVE);
             let mut found = false;
-            let ptr = pg_sys::ShmemInitStruct(
-                self.name.as_ptr(),
-                std::mem::size_of::<Signals>(),
-                &mut found,
-            )
-            .cast::<Signals>();
+            let raw = pg_sys::ShmemInitStruct(self.name.as_ptr(), Self::RAW_SIZE, &mut found).cast::<u8>();
+            // PostgreSQL only promises MAXALIGN; the cache lines need 64. Every process
+            // computes the same aligned address from the same block.
+            let ptr = raw.add(raw.align_offset(std::mem::align_of::<Signals>())).cast::<Signals>();
             if !found {
                 ptr.write(Signals {
-                    window: AtomicWindow::new(),
-                    timestamps_issued: AtomicU64::new(0),
-                    first_grant_ms: AtomicU64::new(0),
+                    window: CacheLine(AtomicWindow::new()),
+                    issued: [const { CacheLine(AtomicU64::new(0)) }; ISSUED_SLOTS],
+                    first_grant_ms: CacheLine(AtomicU64::new(0)),
                     window_moved: UnsafeCell::new(std::mem::zeroed()),
                     requests_answered: UnsafeCell::new(std::mem::zeroed()),
                     worker_latch: AtomicPtr::new(std::ptr::null_mut()),
