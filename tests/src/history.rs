@@ -164,6 +164,21 @@ impl History {
         self.with_calls(|c| c.iter().filter(|c| c.is_ok() && c.start >= t).count())
     }
 
+    /// Wait (bounded: 30 s, then panic) until at least `n` successful calls started at or
+    /// after `since`.
+    #[track_caller]
+    pub fn wait_progress(&self, since: Instant, n: usize, what: &str) {
+        let deadline = Instant::now() + std::time::Duration::from_secs(30);
+        while self.ok_calls_started_after(since) < n {
+            assert!(
+                Instant::now() < deadline,
+                "{what}: fewer than {n} successful calls in 30 s ({} so far)",
+                self.ok_calls_started_after(since)
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+
     /// Successful calls entirely inside `[from, to]`.
     pub fn ok_calls_within(&self, from: Instant, to: Instant) -> usize {
         self.with_calls(|c| c.iter().filter(|c| c.is_ok() && c.start >= from && c.end <= to).count())

@@ -21,20 +21,6 @@ fn serving_node(name: &str, opts: NodeOpts) -> Node {
     node
 }
 
-/// Wait (bounded) until at least `n` successful calls started at or after `since`.
-#[track_caller]
-fn wait_progress(history: &History, since: Instant, n: usize, what: &str) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while history.ok_calls_started_after(since) < n {
-        assert!(
-            Instant::now() < deadline,
-            "{what}: fewer than {n} successful calls in 30 s ({} so far)",
-            history.ok_calls_started_after(since)
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 /// Raw `pg_settings.setting` of a GUC (no unit suffix) and its `min_val`.
 fn setting_and_min(c: &mut Client, name: &str) -> (i64, i64) {
     let r = c
@@ -149,7 +135,7 @@ fn restarts_never_go_back() {
     let mut epoch_start = Instant::now();
     let mut label = "initial".to_string();
     for how in plan {
-        wait_progress(&history, epoch_start, 20, &format!("epoch {label}"));
+        history.wait_progress(epoch_start, 20, &format!("epoch {label}"));
         let down = Instant::now();
         epochs.push((label.clone(), epoch_start, down));
         match how {
@@ -165,7 +151,7 @@ fn restarts_never_go_back() {
         epoch_start = Instant::now();
         label = format!("after {how:?}");
     }
-    wait_progress(&history, epoch_start, 20, &format!("epoch {label}"));
+    history.wait_progress(epoch_start, 20, &format!("epoch {label}"));
     epochs.push((label, epoch_start, Instant::now()));
     let stats = load.stop_and_join();
 
@@ -222,7 +208,7 @@ fn worker_kill9_refences() {
         history.clone(),
     );
     let t0 = Instant::now();
-    wait_progress(&history, t0, 50, "before the kill");
+    history.wait_progress(t0, 50, "before the kill");
     let before_max = history.max_value().unwrap();
 
     node.kill9_pid(wpid).unwrap();
@@ -237,7 +223,7 @@ fn worker_kill9_refences() {
         std::thread::sleep(Duration::from_millis(50));
     };
     let up = Instant::now();
-    wait_progress(&history, up, 50, "after the worker restart");
+    history.wait_progress(up, 50, "after the worker restart");
     let stats = load.stop_and_join();
 
     assert!(node.is_running() && node.postmaster_pid() == pm, "the postmaster itself stayed up");

@@ -76,20 +76,6 @@ fn load_with_seq_share(target: &PrimaryPointer, ts: &History, dense: &DenseHisto
     )
 }
 
-/// Wait (bounded) until at least `n` successful timestamp calls started at or after `since`.
-#[track_caller]
-fn wait_progress(history: &History, since: Instant, n: usize, what: &str) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while history.ok_calls_started_after(since) < n {
-        assert!(
-            Instant::now() < deadline,
-            "{what}: fewer than {n} successful calls in 30 s ({} so far)",
-            history.ok_calls_started_after(since)
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 /// (min first, max last, successful calls) of the timestamps a node issued.
 fn node_range(history: &History, node: &str) -> Option<(i64, i64, usize)> {
     let calls: Vec<_> = history.calls().into_iter().filter(|c| c.node == node && c.is_ok()).collect();
@@ -225,7 +211,7 @@ fn promote_after_clean_stop() {
     let target = PrimaryPointer::new(&primary);
     let load = mixed_load(&target, &ts, &dense);
     let t0 = Instant::now();
-    wait_progress(&ts, t0, 300, "before the promotion");
+    ts.wait_progress(t0, 300, "before the promotion");
 
     // A prober calling only tso_next() on the old primary through the promotion, so that the
     // old primary's window is exercised while the new primary already serves (the load's
@@ -258,7 +244,7 @@ fn promote_after_clean_stop() {
     prober.join().unwrap();
     target.set(&standby);
     let moved = Instant::now();
-    wait_progress(&ts, moved, 300, "after the failover");
+    ts.wait_progress(moved, 300, "after the failover");
     let stats = load.stop_and_join();
     eprintln!(
         "clean: the old primary answered {} tso_next() calls that started after pg_promote() returned (all must be below {first_new}); load {stats:?}",
@@ -285,14 +271,14 @@ fn promote_after_kill9() {
     let target = PrimaryPointer::new(&primary);
     let load = mixed_load(&target, &ts, &dense);
     let t0 = Instant::now();
-    wait_progress(&ts, t0, 300, "before the kill");
+    ts.wait_progress(t0, 300, "before the kill");
 
     let killed = primary.kill9_postmaster().expect("kill -9 the old primary");
     assert!(!killed.is_empty());
     let (first_new, _, p2f, st_new) = promote_and_time(&standby, "kill9");
     target.set(&standby);
     let moved = Instant::now();
-    wait_progress(&ts, moved, 300, "after the failover");
+    ts.wait_progress(moved, 300, "after the failover");
     let stats = load.stop_and_join();
     eprintln!("kill9: load {stats:?}");
     check_single_failover("kill9", &ts, &dense, primary.name(), &standby, first_new, &st_old, &st_new, p2f);
@@ -319,7 +305,7 @@ fn three_promotions_in_a_row() {
     let t_start = Instant::now();
     let lap = |what: &str| eprintln!("three promotions: +{:.1} s {what}", t_start.elapsed().as_secs_f64());
     for (round, how) in ["fast", "kill9", "immediate"].into_iter().enumerate() {
-        wait_progress(&ts, since, 200, &format!("round {round}: on {}", primary.name()));
+        ts.wait_progress(since, 200, &format!("round {round}: on {}", primary.name()));
         lap(&format!("round {}: load progressed on {}", round + 1, primary.name()));
         match how {
             "fast" => primary.stop(StopMode::Fast).expect("stop fast"),
@@ -352,7 +338,7 @@ fn three_promotions_in_a_row() {
         let st = status_of(&mut primary.connect());
         assert_eq!(st.sync_replication, Some(true), "{st:?}");
     }
-    wait_progress(&ts, since, 200, "after the last promotion");
+    ts.wait_progress(since, 200, "after the last promotion");
     let stats = load.stop_and_join();
 
     let mut c = primary.connect();
@@ -557,7 +543,7 @@ fn sync_trap(label: &str, seq_share: f64) {
     let target = PrimaryPointer::new(&primary);
     let load = load_with_seq_share(&target, &ts, &dense, seq_share);
     let t0 = Instant::now();
-    wait_progress(&ts, t0, 300, "before the standby stops");
+    ts.wait_progress(t0, 300, "before the standby stops");
 
     // What the standby had flushed, as last reported: a lower bound for its replay later.
     let flushed: String = ctl
@@ -733,7 +719,7 @@ fn sync_trap(label: &str, seq_share: f64) {
     target.set(&standby);
     let load = mixed_load(&target, &ts, &dense);
     let moved = Instant::now();
-    wait_progress(&ts, moved, 100, "on the promoted standby");
+    ts.wait_progress(moved, 100, "on the promoted standby");
     load.stop_and_join();
     let mut c = standby.connect();
     let totals = seq_totals(&mut c);
