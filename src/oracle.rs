@@ -108,9 +108,10 @@ pub fn not_serving(signals: &Signals, phase: Phase) -> TsoError {
             guc::database()
         ),
         Phase::Fencing => "the fence is running after a start, crash or promotion".to_string(),
-        Phase::Starting if signals.worker_pid() == 0 => {
-            "the tsoracle worker is not running (it starts when recovery ends; see the server log)".to_string()
-        }
+        Phase::Starting if signals.worker_pid() == 0 => format!(
+            "the tsoracle worker is not running; it starts when recovery ends and connects to database \"{}\" (tsoracle.database), which must exist: see the server log",
+            guc::database()
+        ),
         Phase::Starting => format!("the tsoracle worker is connecting to database \"{}\"", guc::database()),
         Phase::Serving => "the window is being re-fenced".to_string(),
     };

@@ -516,3 +516,31 @@ fn batch_bounds_and_conversions() {
     let (p, ms): (i64, i64) = (r.get(0), r.get(1));
     assert!((p - ms).abs() <= 1, "tso_from_timestamptz(now()) = {p} ms, now() = {ms} ms");
 }
+
+/// Until `CREATE EXTENSION tsoracle` has run in `tsoracle.database`, calls fail with 57P03
+/// and a message naming that database; the extension may exist in other databases, and once
+/// it exists in `tsoracle.database` every database's functions use the one shared oracle.
+#[test]
+fn not_serving_until_created_in_the_configured_database() {
+    let node = Node::start_new(
+        "otherdb",
+        NodeOpts::new().setting("tsoracle.database", "oracle").setting("tsoracle.extension_timeout_ms", 300),
+    )
+    .expect("start node");
+    let mut c = node.connect();
+    c.batch_execute("CREATE EXTENSION tsoracle").unwrap();
+    let e = expect_sqlstate(tso_next(&mut c), &SqlState::CANNOT_CONNECT_NOW, "tso_next() before the oracle database has the extension");
+    let message = e.as_db_error().map(|d| d.message().to_string()).unwrap_or_default();
+    assert!(message.contains("\"oracle\""), "the message names the configured database: {message}");
+    let state: String = c.query_one("SELECT state FROM tso_status()", &[]).unwrap().get(0);
+    assert!(state == "starting" || state == "waiting_for_extension", "state {state}");
+
+    c.batch_execute("CREATE DATABASE oracle").unwrap();
+    let mut oracle = postgres::Client::connect(&node.conninfo_for("postgres", "oracle"), postgres::NoTls).unwrap();
+    oracle.batch_execute("CREATE EXTENSION tsoracle").unwrap();
+    tso::wait_serving(&mut oracle).expect("serving once the extension exists in tsoracle.database");
+    let a = tso_next(&mut oracle).unwrap();
+    let b = tso_next(&mut c).expect("the postgres database uses the same oracle");
+    let d = tso_next(&mut oracle).unwrap();
+    assert!(a < b && b < d, "one order across databases: {a} {b} {d}");
+}
