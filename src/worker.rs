@@ -520,47 +520,40 @@ fn mutate_leases(
         let reply = match r.kind {
             RequestKind::LeaseAcquire => {
                 let (holder, holder_epoch, ttl) = (r.name(), r.arg, r.count);
-                match leases.active_lease(holder, now) {
-                    Some(l) if l.holder_epoch == holder_epoch => lease_reply(l, epoch),
-                    Some(l) if holder_epoch < l.holder_epoch => Reply::err(ReplyCode::StaleHolderEpoch),
-                    _ if leases.iter().filter(|l| l.is_live(now)).count() >= MAX_LEASES => {
+                let bound = lease_bound(high_water, now, ttl);
+                match leases.plan_acquire(holder, holder_epoch, ttl, now, bound, bound as i64) {
+                    Ok(AcquireOutcome::Existing(lease)) => lease_reply(&lease, epoch),
+                    Ok(AcquireOutcome::New { .. })
+                        if leases.iter().filter(|l| l.is_live(now)).count() >= MAX_LEASES =>
+                    {
                         Reply::err(ReplyCode::TooManyLeases)
                     }
-                    _ => {
-                        let bound = high_water.max(now.saturating_sub(1)).saturating_add(1).saturating_add(ttl);
-                        match leases.acquire(holder, holder_epoch, ttl, now, bound, bound as i64) {
-                            Ok(AcquireOutcome::New { lease, superseded }) => {
-                                high_water = bound;
-                                writes.push(LeaseWrite::Insert(lease.clone()));
-                                if let Some(old) = superseded {
-                                    writes.push(LeaseWrite::Supersede(old));
-                                }
-                                lease_reply(&lease, epoch)
-                            }
-                            Ok(AcquireOutcome::Existing(lease)) => lease_reply(&lease, epoch),
-                            Err(CoreError::StaleHolderEpoch { .. }) => Reply::err(ReplyCode::StaleHolderEpoch),
-                            Err(_) => Reply::err(ReplyCode::Unknown),
+                    Ok(AcquireOutcome::New { lease, superseded }) => {
+                        leases.apply_acquire(&AcquireOutcome::New { lease: lease.clone(), superseded });
+                        high_water = bound;
+                        if let Some(old) = superseded {
+                            writes.push(LeaseWrite::Supersede(old));
                         }
+                        let reply = lease_reply(&lease, epoch);
+                        writes.push(LeaseWrite::Insert(lease));
+                        reply
                     }
+                    Err(e) => lease_error_reply(&e),
                 }
             }
-            RequestKind::LeaseRenew => match leases.get(r.arg) {
-                None => Reply::err(ReplyCode::LeaseNotFound),
-                Some(l) if !l.is_active(now) => Reply::err(ReplyCode::LeaseNotRenewable),
-                Some(l) => {
-                    let ttl = l.ttl_ms;
-                    let bound = high_water.max(now.saturating_sub(1)).saturating_add(1).saturating_add(ttl);
-                    match leases.renew(r.arg, ttl, now, bound) {
-                        Ok(lease) => {
-                            high_water = high_water.max(bound);
-                            writes.push(LeaseWrite::Renew(lease.clone()));
-                            lease_reply(&lease, epoch)
-                        }
-                        Err(CoreError::LeaseNotFound(_)) => Reply::err(ReplyCode::LeaseNotFound),
-                        Err(_) => Reply::err(ReplyCode::LeaseNotRenewable),
+            RequestKind::LeaseRenew => {
+                let ttl = leases.get(r.arg).map_or(0, |l| l.ttl_ms);
+                let bound = lease_bound(high_water, now, ttl);
+                match leases.renew(r.arg, ttl, now, bound) {
+                    Ok(lease) => {
+                        high_water = high_water.max(bound);
+                        let reply = lease_reply(&lease, epoch);
+                        writes.push(LeaseWrite::Renew(lease));
+                        reply
                     }
+                    Err(e) => lease_error_reply(&e),
                 }
-            },
+            }
             RequestKind::LeaseRelease => {
                 if leases.release(r.arg).is_some() {
                     writes.push(LeaseWrite::Delete(r.arg));
@@ -586,6 +579,20 @@ fn mutate_leases(
         write.execute();
     }
     high_water
+}
+
+/// A lease's bound: the high-water moved to at least `max(high_water + 1, now) + ttl`.
+fn lease_bound(high_water: u64, now: u64, ttl: u64) -> u64 {
+    high_water.saturating_add(1).max(now).saturating_add(ttl)
+}
+
+fn lease_error_reply(error: &CoreError) -> Reply {
+    Reply::err(match error {
+        CoreError::StaleHolderEpoch { .. } => ReplyCode::StaleHolderEpoch,
+        CoreError::LeaseNotFound(_) => ReplyCode::LeaseNotFound,
+        CoreError::LeaseNotRenewable(_) => ReplyCode::LeaseNotRenewable,
+        _ => ReplyCode::Unknown,
+    })
 }
 
 fn lease_reply(lease: &Lease, epoch: u64) -> Reply {

@@ -84,10 +84,6 @@ impl AtomicWindow {
         self.high_water_ms.store(0, Ordering::Release);
     }
 
-    pub fn is_open(&self) -> bool {
-        self.high_water_ms.load(Ordering::Acquire) != 0
-    }
-
     /// One past the last issued timestamp (0 = none).
     pub fn next_ts(&self) -> u64 {
         self.next.load(Ordering::Acquire)
