@@ -3,7 +3,7 @@ PG_CONFIG ?= /usr/lib/postgresql/15/bin/pg_config
 PGRX_TEST_PGDATA ?= /tmp/tsoracle-pgrx-test
 TEST_THREADS ?= 2
 
-.PHONY: run stop test test-core test-pg test-integration install deps bench clean
+.PHONY: run stop test test-core test-pg test-integration install deps bench clean fmt lint
 
 ## Build, install, start a local cluster with tsoracle preloaded, and show it working.
 run: install
@@ -18,8 +18,9 @@ test: deps test-core test-pg test-integration
 deps:
 	scripts/install-deps.sh
 
+# Built as a package, then renamed into place file by file: safe under a running server.
 install: deps
-	cargo pgrx install --release --pg-config $(PG_CONFIG)
+	scripts/install-ext.sh $(PG_CONFIG)
 
 test-core:
 	cargo test -p tsoracle-core
@@ -37,3 +38,14 @@ bench: install
 
 clean:
 	cargo clean
+
+## Format every crate with rustfmt (settings in rustfmt.toml).
+fmt:
+	cargo fmt --all
+
+## Formatting check, then clippy with warnings as errors on every crate and all its targets
+## (lint levels in Cargo.toml's [workspace.lints]). The extension needs pgrx initialised (deps).
+lint: deps
+	cargo fmt --all -- --check
+	cargo clippy -p tsoracle-core -p tsoracle-tests --all-targets -- -D warnings
+	cargo clippy -p tsoracle --all-targets --features pg15 -- -D warnings

@@ -4,8 +4,7 @@
 use crate::error::{check_superuser, OrReport, TsoError};
 use crate::guc;
 use crate::oracle;
-use crate::shmem::{self, LEASE_BOUNDS, ORACLE, QUEUE};
-use std::sync::atomic::Ordering;
+use crate::shmem::{self, ORACLE};
 use pgrx::prelude::*;
 use tsoracle_core::timestamp;
 
@@ -63,6 +62,10 @@ fn tso_from_timestamptz(t: TimestampWithTimeZone) -> i64 {
     let ms = u64::try_from(ms)
         .map_err(|_| TsoError::DatetimeOutOfRange(format!("{t} is before 1970-01-01, the start of tsoracle time")))
         .or_report();
+    if ms > timestamp::MAX_SQL_PHYSICAL_MS {
+        TsoError::DatetimeOutOfRange(format!("{t} is after the last millisecond a tsoracle timestamp can hold (in the year 3084)"))
+            .report();
+    }
     timestamp::pack(ms, 0)
         .map(timestamp::to_sql)
         .map_err(|_| TsoError::DatetimeOutOfRange(format!("{t} is beyond the 46-bit millisecond range")))
@@ -83,11 +86,11 @@ fn seed(physical_ms: i64) -> Result<i64, TsoError> {
     oracle::ensure_primary("seed the high-water")?;
     let target = u64::try_from(physical_ms)
         .ok()
-        .filter(|&ms| ms >= 1 && ms <= timestamp::MAX_PHYSICAL_MS)
+        .filter(|&ms| ms >= 1 && ms <= timestamp::MAX_SQL_PHYSICAL_MS)
         .ok_or_else(|| {
             TsoError::InvalidArgument(format!(
-                "physical_ms must be between 1 and {}, got {physical_ms}",
-                timestamp::MAX_PHYSICAL_MS
+                "physical_ms must be between 1 and {} (the last millisecond a timestamp can be issued in), got {physical_ms}",
+                timestamp::MAX_SQL_PHYSICAL_MS
             ))
         })?;
     let mut last_phase = shmem::Phase::Starting;
@@ -107,121 +110,6 @@ fn seed(physical_ms: i64) -> Result<i64, TsoError> {
         None if last_phase != shmem::Phase::Serving => Err(oracle::not_serving(signals, last_phase)),
         None => Err(TsoError::WorkerTimeout { waited_ms: guc::extension_timeout_ms(), what: "persist the seed" }),
     }
-}
-
-/// One row describing the oracle on this server.
-#[allow(clippy::type_complexity)]
-#[pg_extern]
-fn tso_status() -> TableIterator<
-    'static,
-    (
-        name!(role, String),
-        name!(state, String),
-        name!(detail, Option<String>),
-        name!(epoch, Option<i64>),
-        name!(timeline, Option<i64>),
-        name!(high_water_ms, Option<i64>),
-        name!(floor_ms, Option<i64>),
-        name!(last_issued, Option<i64>),
-        name!(window_left_ms, Option<i64>),
-        name!(timestamps_issued, i64),
-        name!(window_extensions, i64),
-        name!(fences, i64),
-        name!(last_fence_ms, Option<f64>),
-        name!(promotion_to_first_ts_ms, Option<i64>),
-        name!(worker_pid, Option<i32>),
-        name!(worker_commits, i64),
-        name!(group_commits, i64),
-        name!(grouped_requests, i64),
-        name!(live_leases, i64),
-        name!(sync_replication, bool),
-    ),
-> {
-    let signals = shmem::signals().or_report();
-    let st = *ORACLE.share();
-    let (group_commits, grouped_requests) = {
-        let queue = QUEUE.share();
-        (queue.group_commits as i64, queue.grouped_requests as i64)
-    };
-    let live_leases = LEASE_BOUNDS.share().len as i64;
-    let worker_pid = signals.worker_pid();
-    let issued = signals.timestamps_issued() as i64;
-    let counters = (issued, st.window_extensions as i64, st.fences as i64);
-    let first_grant_ms = signals.first_grant_ms.load(Ordering::Relaxed);
-    let promotion_to_first_ts_ms = (st.last_fence_promoted && first_grant_ms > 0)
-        .then(|| first_grant_ms.saturating_sub(st.worker_started_ms) as i64);
-    // The allocator's bookkeeping, brought up to what the lock-free window has issued.
-    let mut allocator = st.allocator;
-    allocator.observe_issued(signals.window.next_ts());
-
-    let row = if unsafe { pg_sys::RecoveryInProgress() } {
-        // A standby serves nothing; show what it has replayed.
-        (
-            "standby".to_string(),
-            "standby".to_string(),
-            crate::replica::primary_hint(),
-            None,
-            Some(i64::from(crate::replica::replay_timeline())),
-            replayed_high_water(),
-            None,
-            None,
-            None,
-            counters.0,
-            counters.1,
-            counters.2,
-            None,
-            None,
-            None,
-            st.worker_commits as i64,
-            group_commits,
-            grouped_requests,
-            live_leases,
-            crate::replica::sync_replication_configured(),
-        )
-    } else {
-        let serving = st.allocator.is_serving();
-        let detail = (st.phase != shmem::Phase::Serving).then(|| oracle::not_serving(signals, st.phase).to_string());
-        (
-            "primary".to_string(),
-            st.phase.as_str().to_string(),
-            detail,
-            st.allocator.epoch().filter(|_| serving).map(|e| e as i64),
-            (st.timeline > 0).then_some(i64::from(st.timeline)),
-            serving.then_some(st.allocator.high_water_ms() as i64),
-            serving.then_some(st.allocator.floor_ms() as i64),
-            signals.window.last_issued().map(timestamp::to_sql),
-            serving.then(|| allocator.window_left_ms(crate::clock::now_ms()) as i64),
-            counters.0,
-            counters.1,
-            counters.2,
-            (st.fences > 0).then_some(st.last_fence_us as f64 / 1000.0),
-            promotion_to_first_ts_ms,
-            (worker_pid != 0).then_some(worker_pid),
-            st.worker_commits as i64,
-            group_commits,
-            grouped_requests,
-            live_leases,
-            crate::replica::sync_replication_configured(),
-        )
-    };
-    TableIterator::once(row)
-}
-
-/// On a standby: the high-water replayed from the primary, if this database has the table.
-/// (Read-only SPI: `Spi::get_one` would ask for a transaction id, which a standby refuses.)
-fn replayed_high_water() -> Option<i64> {
-    Spi::connect(|client| {
-        let present = client
-            .select("SELECT to_regclass('tsoracle.high_water') IS NOT NULL", None, &[])?
-            .first()
-            .get_one::<bool>()?;
-        if present != Some(true) {
-            return Ok(None);
-        }
-        client.select("SELECT physical_ms FROM tsoracle.high_water WHERE id", None, &[])?.first().get_one::<i64>()
-    })
-    .ok()
-    .flatten()
 }
 
 #[cfg(any(test, feature = "pg_test"))]
@@ -312,6 +200,16 @@ mod tests {
         assert_eq!(sqlstate_of(|| tso_from_timestamptz(before_1970)), ERRCODE_DATETIME_FIELD_OVERFLOW);
         let inf = Spi::get_one::<TimestampWithTimeZone>("SELECT 'infinity'::timestamptz").unwrap().unwrap();
         assert_eq!(sqlstate_of(|| tso_from_timestamptz(inf)), ERRCODE_DATETIME_FIELD_OVERFLOW);
+        // Past the last millisecond a bigint timestamp holds (year 3084), up to the 46-bit limit.
+        for year in ["3085-01-01", "3500-06-01", "4199-01-01"] {
+            let t = Spi::get_one::<TimestampWithTimeZone>(&format!("SELECT '{year} 00:00:00+00'::timestamptz"))
+                .unwrap()
+                .unwrap();
+            assert_eq!(sqlstate_of(move || tso_from_timestamptz(t)), ERRCODE_DATETIME_FIELD_OVERFLOW, "{year}");
+        }
+        let last = Spi::get_one::<TimestampWithTimeZone>("SELECT '3084-01-01 00:00:00+00'::timestamptz").unwrap().unwrap();
+        let ts = tso_from_timestamptz(last);
+        assert!(ts > 0 && ts < i64::MAX, "3084-01-01 is still representable: {ts}");
     }
 
     #[pg_test]
@@ -354,6 +252,9 @@ mod tests {
         assert_eq!(sqlstate_of(|| tso_seed(0)), ERRCODE_INVALID_PARAMETER_VALUE);
         assert_eq!(sqlstate_of(|| tso_seed(-1)), ERRCODE_INVALID_PARAMETER_VALUE);
         assert_eq!(sqlstate_of(|| tso_seed(1 << 46)), ERRCODE_INVALID_PARAMETER_VALUE);
+        // Above the last millisecond a timestamp can be issued in: the allocator could not serve it.
+        let beyond = timestamp::MAX_SQL_PHYSICAL_MS as i64 + 1;
+        assert_eq!(sqlstate_of(move || tso_seed(beyond)), ERRCODE_INVALID_PARAMETER_VALUE);
     }
 
     #[pg_test]

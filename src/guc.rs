@@ -11,6 +11,8 @@ pub static MAX_SEQ_COUNT: GucSetting<i32> = GucSetting::<i32>::new(65536);
 pub static MAX_SEQ_KEYS: GucSetting<i32> = GucSetting::<i32>::new(100_000);
 pub static LEASE_TTL_MIN_MS: GucSetting<i32> = GucSetting::<i32>::new(5_000);
 pub static LEASE_TTL_MAX_MS: GucSetting<i32> = GucSetting::<i32>::new(300_000);
+pub static MAX_LEAD_MS: GucSetting<i32> = GucSetting::<i32>::new(10_000);
+pub static REQUIRE_SYNCHRONOUS_STANDBY: GucSetting<bool> = GucSetting::<bool>::new(false);
 pub static EXPIRED_LEASE_RETENTION_MS: GucSetting<i32> = GucSetting::<i32>::new(600_000);
 
 pub fn define() {
@@ -102,6 +104,24 @@ pub fn define() {
         GucContext::Sighup,
         GucFlags::UNIT_MS,
     );
+    GucRegistry::define_int_guc(
+        c"tsoracle.max_lead_ms",
+        c"Most milliseconds a timestamp may be issued ahead of the clock.",
+        c"At the cap callers wait for the clock instead of moving the high-water further. Measured from the fence's floor when a fence had to start above the clock (tso_seed, a restored high-water).",
+        &MAX_LEAD_MS,
+        10,
+        86_400_000,
+        GucContext::Sighup,
+        GucFlags::UNIT_MS,
+    );
+    GucRegistry::define_bool_guc(
+        c"tsoracle.require_synchronous_standby",
+        c"Grant windows, sequence blocks and leases only while a synchronous standby is connected.",
+        c"Strict mode, like Patroni's synchronous_mode_strict: callers get 57P03 while no standby in pg_stat_replication is 'sync' or 'quorum'.",
+        &REQUIRE_SYNCHRONOUS_STANDBY,
+        GucContext::Sighup,
+        GucFlags::default(),
+    );
     unsafe { pgrx::pg_sys::MarkGUCPrefixReserved(c"tsoracle".as_ptr()) };
 }
 
@@ -142,4 +162,12 @@ pub fn lease_ttl_max_ms() -> i64 {
 
 pub fn expired_lease_retention_ms() -> u64 {
     EXPIRED_LEASE_RETENTION_MS.get().max(0) as u64
+}
+
+pub fn max_lead_ms() -> u64 {
+    MAX_LEAD_MS.get().max(1) as u64
+}
+
+pub fn require_synchronous_standby() -> bool {
+    REQUIRE_SYNCHRONOUS_STANDBY.get()
 }

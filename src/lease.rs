@@ -5,13 +5,17 @@
 use crate::clock::now_ms;
 use crate::error::{OrReport, TsoError};
 use crate::guc;
-use crate::oracle::{ensure_primary, not_serving, submit, wait_for_worker};
+use crate::oracle::{check_storable, ensure_primary, not_serving, reply_error, submit, wait_for_worker};
 use crate::shmem::{self, Phase, Reply, ReplyCode, Request, RequestKind, LEASE_BOUNDS, MAX_LEASES, ORACLE};
 use pgrx::prelude::*;
 use tsoracle_core::lease::{validate_holder, validate_ttl};
 
-fn lease_error(code: ReplyCode, lease_id: i64, holder: &str) -> TsoError {
-    match code {
+fn lease_error(reply: &Reply, lease_id: i64, holder: &str) -> TsoError {
+    let what = if holder.is_empty() { format!("lease {lease_id}") } else { format!("lease holder \"{holder}\"") };
+    if let Some(e) = reply_error(reply, &what) {
+        return e;
+    }
+    match reply.code {
         ReplyCode::StaleHolderEpoch => TsoError::StaleLease(format!(
             "holder \"{holder}\" already holds a lease at a higher holder_epoch"
         )),
@@ -20,7 +24,6 @@ fn lease_error(code: ReplyCode, lease_id: i64, holder: &str) -> TsoError {
             TsoError::StaleLease(format!("lease {lease_id} is expired or superseded and cannot be renewed"))
         }
         ReplyCode::TooManyLeases => TsoError::TooManyLeases(MAX_LEASES),
-        ReplyCode::Unknown => TsoError::OutcomeUnknown("the tsoracle worker restarted while granting the lease".into()),
         other => TsoError::Internal(format!("unexpected reply to a lease request: {other:?}")),
     }
 }
@@ -46,6 +49,7 @@ fn tso_lease_acquire(
 fn acquire(holder: Option<&str>, holder_epoch: Option<i64>, ttl_ms: Option<i32>) -> Result<(i64, i64, i64, i32), TsoError> {
     let holder = holder.ok_or_else(|| TsoError::InvalidArgument("holder must not be NULL".into()))?;
     validate_holder(holder)?;
+    check_storable(holder, "lease holder")?;
     let holder_epoch = holder_epoch.ok_or_else(|| TsoError::InvalidArgument("holder_epoch must not be NULL".into()))?;
     let ttl_ms = ttl_ms.ok_or_else(|| TsoError::InvalidArgument("ttl_ms must not be NULL".into()))?;
     let ttl = validate_ttl(i64::from(ttl_ms), guc::lease_ttl_min_ms(), guc::lease_ttl_max_ms())?;
@@ -53,7 +57,7 @@ fn acquire(holder: Option<&str>, holder_epoch: Option<i64>, ttl_ms: Option<i32>)
     let reply = one_reply(Request::new(RequestKind::LeaseAcquire, holder, ttl).with_arg(holder_epoch))?;
     match reply.code {
         ReplyCode::Ok => Ok((reply.value, reply.bound_ms, reply.expires_at_ms, reply.epoch as i32)),
-        code => Err(lease_error(code, 0, holder)),
+        _ => Err(lease_error(&reply, 0, holder)),
     }
 }
 
@@ -71,7 +75,7 @@ fn renew(lease_id: i64) -> Result<(i64, i64, i32), TsoError> {
     let reply = one_reply(Request::new(RequestKind::LeaseRenew, "", 0).with_arg(lease_id))?;
     match reply.code {
         ReplyCode::Ok => Ok((reply.bound_ms, reply.expires_at_ms, reply.epoch as i32)),
-        code => Err(lease_error(code, lease_id, "")),
+        _ => Err(lease_error(&reply, lease_id, "")),
     }
 }
 
@@ -86,7 +90,7 @@ fn release(lease_id: i64) -> Result<(), TsoError> {
     let reply = one_reply(Request::new(RequestKind::LeaseRelease, "", 0).with_arg(lease_id))?;
     match reply.code {
         ReplyCode::Ok => Ok(()),
-        code => Err(lease_error(code, lease_id, "")),
+        _ => Err(lease_error(&reply, lease_id, "")),
     }
 }
 
@@ -124,7 +128,8 @@ mod tests {
         let before = ORACLE.share().allocator.high_water_ms() as i64;
         let now = now_ms() as i64;
         let (id, bound, expires, epoch) = acquire(Some("idem"), Some(1), Some(10_000)).unwrap();
-        assert!(bound >= before + 1 + 10_000, "bound {bound} moves past the old high-water {before} by the TTL");
+        // max(high_water + 1, now + ttl): above every earlier bound, and a TTL past the clock.
+        assert!(bound > before, "bound {bound} moves past the old high-water {before}");
         assert!(bound >= now + 10_000);
         assert_eq!(id, bound, "the id is the acquire-time bound");
         assert!(expires >= now + 10_000 && expires <= now_ms() as i64 + 10_000);
@@ -158,8 +163,13 @@ mod tests {
         assert_eq!(sqlstate_of(|| renew(old).or_report()), ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE, "superseded cannot renew");
         assert!(tso_safe_frontier() <= old_bound, "a superseded lease still holds the frontier");
         assert_eq!(sqlstate_of(|| acquire(Some("sup"), Some(4), Some(10_000)).or_report()), ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE);
-        let (bound, _, _) = renew(new).unwrap();
-        assert!(bound > new_bound, "a renewal advances the bound");
+        // A renewal re-arms the TTL from now: its bound covers now + ttl and never goes back
+        // (it moves the high-water to max(high_water, now + ttl), so renewals do not stack).
+        let before_renew = now_ms() as i64;
+        let (bound, expires, _) = renew(new).unwrap();
+        assert!(bound >= new_bound, "a renewal never lowers the bound");
+        assert!(bound >= before_renew + 10_000, "the bound covers the renewed TTL");
+        assert!(expires >= before_renew + 10_000, "the TTL is re-armed from now");
         release(old).unwrap();
         release(new).unwrap();
     }

@@ -7,12 +7,14 @@
 use crate::clock::now_ms;
 use crate::error::TsoError;
 use crate::guc;
-use crate::shmem::{self, Phase, Reply, Request, Signals, Ticket, ORACLE, QUEUE};
+use crate::shmem::{self, Phase, Reply, ReplyCode, Request, Signals, ORACLE, QUEUE};
+use pgrx::pg_guard;
 use pgrx::pg_sys;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 use tsoracle_core::allocator::MAX_BATCH;
 use tsoracle_core::error::CoreError;
+use tsoracle_core::queue::{EntryState, Ticket};
 
 /// Set once this backend has seen recovery end; recovery never starts again in the life of
 /// a backend (promotion is one way), so the hot path skips the call from then on.
@@ -64,6 +66,8 @@ pub fn next(count: i64) -> Result<u64, TsoError> {
 
     let blocked = match try_grant(signals, count)? {
         Ok(first) => return Ok(first),
+        // Waiting cannot help: say why at once.
+        Err(Blocked::NotServing(Phase::Refused)) => return Err(not_serving(signals, Phase::Refused)),
         Err(blocked) => blocked,
     };
     let mut last_block = blocked;
@@ -81,9 +85,12 @@ pub fn next(count: i64) -> Result<u64, TsoError> {
         Some(first) => Ok(first),
         None => Err(match last_block {
             Blocked::NotServing(phase) => not_serving(signals, phase),
-            Blocked::Exhausted => TsoError::WorkerTimeout {
-                waited_ms: guc::extension_timeout_ms(),
-                what: "extend the timestamp window",
+            Blocked::Exhausted => match ORACLE.share().refusal() {
+                Some(why) => TsoError::NotServing(why),
+                None => TsoError::WorkerTimeout {
+                    waited_ms: guc::extension_timeout_ms(),
+                    what: "extend the timestamp window",
+                },
             },
         }),
     }
@@ -104,16 +111,23 @@ pub fn not_serving(signals: &Signals, phase: Phase) -> TsoError {
             guc::database()
         ),
         Phase::OutdatedSchema => format!(
-            "the tables in schema tsoracle of database \"{}\" do not match this version of the library; run ALTER EXTENSION tsoracle UPDATE",
-            guc::database()
+            "the extension tsoracle in database \"{}\" is not at version {}, the version of the library; run ALTER EXTENSION tsoracle UPDATE there",
+            guc::database(),
+            crate::worker::EXTENSION_VERSION
         ),
+        Phase::Refused => ORACLE
+            .share()
+            .refusal()
+            .unwrap_or_else(|| "the tsoracle worker refuses to serve: see the server log".to_string()),
         Phase::Fencing => "the fence is running after a start, crash or promotion".to_string(),
         Phase::Starting if signals.worker_pid() == 0 => format!(
             "the tsoracle worker is not running; it starts when recovery ends and connects to database \"{}\" (tsoracle.database), which must exist: see the server log",
             guc::database()
         ),
         Phase::Starting => format!("the tsoracle worker is connecting to database \"{}\"", guc::database()),
-        Phase::Serving => "the window is being re-fenced".to_string(),
+        Phase::Serving => {
+            ORACLE.share().refusal().unwrap_or_else(|| "the window is being re-fenced".to_string())
+        }
     };
     TsoError::NotServing(why)
 }
@@ -179,41 +193,41 @@ fn wait_on_latch<T>(mut poll: impl FnMut() -> Result<Option<T>, TsoError>) -> Re
     }
 }
 
-/// Hand `requests` to the worker as one unit (all in the same group commit) and wait for
-/// its answers. Waiting is bounded by `tsoracle.extension_timeout_ms`; a caller that leaves
-/// (timeout, cancel, disconnect) after the worker took its requests may lose their effect
-/// (a gap), which is never given to anyone else.
+/// Hand `requests` to the worker as one call (all in the same group commit) and wait for
+/// its answers. The call goes into this backend's own queue entry, so no other backend can
+/// keep it from being queued. Waiting is bounded by `tsoracle.extension_timeout_ms`; a
+/// caller that leaves (timeout, cancel, terminate, disconnect) after the worker took its
+/// call may lose its effect (a gap), which is never given to anyone else.
 pub fn submit(requests: &[Request]) -> Result<Vec<Reply>, TsoError> {
     let signals = shmem::signals()?;
-    let my_latch = unsafe { pg_sys::MyLatch };
-    let tickets = wait_on(signals.answers_condvar(), || {
-        let tickets = QUEUE.exclusive().enqueue(requests, my_latch);
-        if tickets.is_none() {
-            signals.wake_worker();
-        }
-        Ok(tickets)
-    })?
-    .ok_or(TsoError::WorkerTimeout { waited_ms: guc::extension_timeout_ms(), what: "free a slot in its request queue" })?;
+    release_entry_at_exit();
+    // SAFETY: plain reads of backend globals, set for every backend that runs SQL.
+    let (role, waiter) = unsafe { (pg_sys::GetUserId().to_u32(), pg_sys::MyLatch as usize) };
+    let requests: Vec<Request> = requests.iter().map(|r| Request { role, ..*r }).collect();
+    let ticket = QUEUE
+        .exclusive()?
+        .queue()
+        .submit(shmem::my_queue_index(), &requests, waiter)
+        .map_err(|e| TsoError::Internal(e.to_string()))?;
     signals.wake_worker();
 
-    let mut pending = PendingTickets { tickets, answered: false };
+    let mut pending = PendingCall { ticket, answered: false };
     let replies = wait_on_latch(|| {
         {
-            // Look under a shared lock, and poke the worker only for requests it has not
-            // taken yet (it may have been between lives when we queued them).
-            let queue = QUEUE.share();
-            if !pending.tickets.iter().all(|&t| queue.is_answered(t)) {
-                let untaken = pending.tickets.iter().any(|&t| queue.is_pending(t));
-                drop(queue);
-                if untaken {
+            // Look under a shared lock, and poke the worker only while it has not taken the
+            // call yet (it may have been between lives when we queued it).
+            let queue = QUEUE.share()?;
+            match queue.state(ticket) {
+                Some(EntryState::Done) => {}
+                Some(EntryState::Pending) => {
+                    drop(queue);
                     signals.wake_worker();
+                    return Ok(None);
                 }
-                return Ok(None);
+                _ => return Ok(None),
             }
         }
-        let mut queue = QUEUE.exclusive();
-        let replies: Vec<Reply> = pending.tickets.iter().filter_map(|&t| queue.take_reply(t)).collect();
-        Ok(Some(replies))
+        Ok(QUEUE.exclusive()?.queue().take_replies(ticket))
     })?;
     match replies {
         Some(replies) if replies.len() == requests.len() => {
@@ -237,25 +251,94 @@ pub fn submit(requests: &[Request]) -> Result<Vec<Reply>, TsoError> {
     }
 }
 
-/// Tickets a caller holds; dropped without an answer (error, cancel) they are abandoned.
-struct PendingTickets {
-    tickets: Vec<Ticket>,
+/// A call in flight; dropped without an answer (error, cancel) it is abandoned.
+struct PendingCall {
+    ticket: Ticket,
     answered: bool,
 }
 
-impl PendingTickets {
-    /// Give up the tickets; true if the worker may already have committed any of them.
+impl PendingCall {
+    /// Give up the call; true if the worker may already have committed it.
     fn abandon(&mut self) -> bool {
         self.answered = true;
-        let mut queue = QUEUE.exclusive();
-        self.tickets.iter().fold(false, |maybe, &t| queue.abandon(t) | maybe)
+        match QUEUE.exclusive() {
+            Ok(mut queue) => queue.queue().abandon(self.ticket, |r| r.code == ReplyCode::Unknown),
+            Err(_) => false,
+        }
     }
 }
 
-impl Drop for PendingTickets {
+impl Drop for PendingCall {
     fn drop(&mut self) {
         if !self.answered {
             self.abandon();
         }
+    }
+}
+
+/// Once per backend: when it exits by any path (FATAL, `pg_terminate_backend`, client
+/// disconnect, `proc_exit`) while a call of its own is queued, give that call up, so the
+/// entry is clean for the next backend (PostgreSQL runs `before_shmem_exit` callbacks on
+/// every orderly exit; a crash reinitialises shared memory altogether).
+fn release_entry_at_exit() {
+    static REGISTERED: AtomicBool = AtomicBool::new(false);
+    if !REGISTERED.swap(true, Ordering::Relaxed) {
+        // SAFETY: registering a callback with a static function and no argument.
+        unsafe { pg_sys::before_shmem_exit(Some(release_queue_entry), pg_sys::Datum::from(0usize)) };
+    }
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn release_queue_entry(_code: std::ffi::c_int, _arg: pg_sys::Datum) {
+    // This backend never holds the queue's LWLock across anything that can exit, so taking
+    // it here cannot deadlock with itself.
+    if let Ok(mut queue) = QUEUE.exclusive() {
+        queue.queue().release_entry(shmem::my_queue_index());
+    }
+}
+
+/// The name of a role, for messages (its OID if it no longer exists).
+pub fn role_name(oid: u32) -> String {
+    // SAFETY: GetUserNameFromId with noerr = true returns NULL for an unknown role and
+    // otherwise a palloc'd NUL-terminated string, which we copy at once.
+    let name = unsafe { pg_sys::GetUserNameFromId(pg_sys::Oid::from(oid), true) };
+    if name.is_null() {
+        format!("with OID {oid}")
+    } else {
+        format!("\"{}\"", unsafe { std::ffi::CStr::from_ptr(name) }.to_string_lossy())
+    }
+}
+
+/// Refuse a key or holder the worker's database could not store: where it is not UTF8,
+/// names must be ASCII.
+pub fn check_storable(name: &str, what: &str) -> Result<(), TsoError> {
+    if !name.is_ascii() && ORACLE.share().ascii_names_only {
+        return Err(TsoError::InvalidArgument(format!(
+            "{what} \"{}\" is not ASCII, and database \"{}\" (tsoracle.database) is not UTF8-encoded: it can hold ASCII names only",
+            name.escape_default(),
+            guc::database()
+        )));
+    }
+    Ok(())
+}
+
+/// The errors any request can be answered with; `what` names the key or lease.
+pub fn reply_error(reply: &Reply, what: &str) -> Option<TsoError> {
+    match reply.code {
+        ReplyCode::PermissionDenied => Some(TsoError::InsufficientPrivilege(format!(
+            "{what} belongs to role {}",
+            role_name(u32::try_from(reply.value).unwrap_or(0))
+        ))),
+        ReplyCode::BadEncoding => Some(TsoError::InvalidArgument(format!(
+            "{what} cannot be stored: database \"{}\" (tsoracle.database) is not UTF8-encoded and holds ASCII names only",
+            guc::database()
+        ))),
+        ReplyCode::Refused => Some(TsoError::NotServing(
+            ORACLE.share().refusal().unwrap_or_else(|| "the tsoracle worker refused the request".into()),
+        )),
+        ReplyCode::Unknown => {
+            Some(TsoError::OutcomeUnknown(format!("the tsoracle worker restarted while committing {what}")))
+        }
+        _ => None,
     }
 }

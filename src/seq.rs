@@ -3,17 +3,18 @@
 
 use crate::error::{OrReport, TsoError};
 use crate::guc;
-use crate::oracle::{ensure_primary, submit};
-use crate::shmem::{Reply, ReplyCode, Request, RequestKind, QUEUE_SLOTS};
+use crate::oracle::{check_storable, ensure_primary, reply_error, submit};
+use crate::shmem::{Reply, ReplyCode, Request, RequestKind};
 use pgrx::prelude::*;
 use tsoracle_core::seq::{validate_count, validate_key};
 
-/// Most keys one `tso_seq_batch()` call may advance.
-pub const MAX_BATCH_KEYS: usize = QUEUE_SLOTS / 4;
+/// Most keys one `tso_seq_batch()` call may advance (one call fills one queue entry).
+pub const MAX_BATCH_KEYS: usize = tsoracle_core::queue::MAX_REQUESTS;
 
 fn checked_key(key: Option<&str>) -> Result<&str, TsoError> {
     let key = key.ok_or_else(|| TsoError::InvalidArgument("sequence key must not be NULL".into()))?;
     validate_key(key)?;
+    check_storable(key, "sequence key")?;
     Ok(key)
 }
 
@@ -23,15 +24,15 @@ fn checked_count(count: Option<i32>) -> Result<u64, TsoError> {
 }
 
 fn start_of(key: &str, count: u64, reply: Reply) -> Result<i64, TsoError> {
+    if let Some(e) = reply_error(&reply, &format!("sequence key \"{key}\"")) {
+        return Err(e);
+    }
     match reply.code {
         ReplyCode::Ok => Ok(reply.value),
         ReplyCode::SeqOverflow => Err(TsoError::NumericOutOfRange(format!(
             "sequence \"{key}\" cannot grant {count} more values without overflowing bigint"
         ))),
         ReplyCode::TooManyKeys => Err(TsoError::TooManyKeys(guc::max_seq_keys())),
-        ReplyCode::Unknown => Err(TsoError::OutcomeUnknown(format!(
-            "the tsoracle worker restarted while committing sequence \"{key}\""
-        ))),
         other => Err(TsoError::Internal(format!("unexpected reply to a sequence advance: {other:?}"))),
     }
 }
@@ -40,9 +41,7 @@ fn advance(key: Option<&str>, count: Option<i32>) -> Result<i64, TsoError> {
     let key = checked_key(key)?;
     let count = checked_count(count)?;
     ensure_primary("advance a sequence")?;
-    let replies = submit(&[Request::new(RequestKind::SeqAdvance, key, count)])?;
-    let reply = replies.first().copied().ok_or_else(|| TsoError::Internal("no reply".into()))?;
-    start_of(key, count, reply)
+    start_of(key, count, one_reply(Request::new(RequestKind::SeqAdvance, key, count))?)
 }
 
 /// Durably advance counter `key` by `count`; returns the value before the advance, so the
@@ -111,12 +110,39 @@ fn tso_seq_peek(key: Option<&str>) -> Option<i64> {
 fn peek(key: Option<&str>) -> Result<Option<i64>, TsoError> {
     let key = checked_key(key)?;
     ensure_primary("read a sequence")?;
-    let replies = submit(&[Request::new(RequestKind::SeqPeek, key, 0)])?;
-    match replies.first().map(|r| (r.code, r.value)) {
-        Some((ReplyCode::Ok, next)) => Ok(Some(next)),
-        Some((ReplyCode::Null, _)) => Ok(None),
-        Some((ReplyCode::Unknown, _)) => Err(TsoError::OutcomeUnknown("the tsoracle worker restarted".into())),
-        _ => Err(TsoError::Internal("unexpected reply to a peek".into())),
+    let reply = one_reply(Request::new(RequestKind::SeqPeek, key, 0))?;
+    if let Some(e) = reply_error(&reply, &format!("sequence key \"{key}\"")) {
+        return Err(e);
+    }
+    match reply.code {
+        ReplyCode::Ok => Ok(Some(reply.value)),
+        ReplyCode::Null => Ok(None),
+        other => Err(TsoError::Internal(format!("unexpected reply to a peek: {other:?}"))),
+    }
+}
+
+fn one_reply(request: Request) -> Result<Reply, TsoError> {
+    submit(&[request])?.first().copied().ok_or_else(|| TsoError::Internal("no reply".into()))
+}
+
+/// Remove counter `key` (its owner or a superuser): it is forgotten, and a later
+/// `tso_seq(key)` starts it again at 0 as a new key. False if there was no such key.
+#[pg_extern(volatile, parallel_unsafe)]
+fn tso_seq_drop(key: Option<&str>) -> bool {
+    drop_key(key).or_report()
+}
+
+fn drop_key(key: Option<&str>) -> Result<bool, TsoError> {
+    let key = checked_key(key)?;
+    ensure_primary("drop a sequence")?;
+    let reply = one_reply(Request::new(RequestKind::SeqDrop, key, 0))?;
+    if let Some(e) = reply_error(&reply, &format!("sequence key \"{key}\"")) {
+        return Err(e);
+    }
+    match reply.code {
+        ReplyCode::Ok => Ok(true),
+        ReplyCode::Null => Ok(false),
+        other => Err(TsoError::Internal(format!("unexpected reply to a drop: {other:?}"))),
     }
 }
 
@@ -157,6 +183,30 @@ mod tests {
         assert_eq!(sqlstate_of(|| tso_seq(Some(&wide), Some(1))), ERRCODE_INVALID_PARAMETER_VALUE);
         assert_eq!(tso_seq(Some(&"é".repeat(64)), Some(1)), 0, "128 bytes is allowed");
         assert_eq!(sqlstate_of(|| tso_seq_peek(None)), ERRCODE_INVALID_PARAMETER_VALUE);
+    }
+
+    #[pg_test]
+    fn a_dropped_key_starts_again_at_0() {
+        assert_eq!(tso_seq(Some("dropme"), Some(7)), 0);
+        assert!(drop_key(Some("dropme")).unwrap(), "the key existed");
+        assert_eq!(tso_seq_peek(Some("dropme")), None, "it is gone");
+        assert!(!drop_key(Some("dropme")).unwrap(), "dropping it again finds nothing");
+        assert_eq!(tso_seq(Some("dropme"), Some(1)), 0, "a new key starts at 0");
+    }
+
+    #[pg_test]
+    fn sequences_are_a_privilege() {
+        Spi::run("CREATE ROLE tso_no_seq NOLOGIN; CREATE ROLE tso_seq_role NOLOGIN IN ROLE tsoracle_seq_user").unwrap();
+        let can = |role: &str, f: &str| {
+            Spi::get_one::<bool>(&format!("SELECT has_function_privilege('{role}', '{f}', 'EXECUTE')")).unwrap().unwrap()
+        };
+        for f in ["tso_seq(text, integer)", "tso_seq_batch(text[], integer[])", "tso_seq_peek(text)", "tso_seq_drop(text)"] {
+            assert!(!can("tso_no_seq", f), "PUBLIC must not execute {f}");
+            assert!(can("tso_seq_role", f), "tsoracle_seq_user executes {f}");
+        }
+        tso_seq(Some("owned"), Some(1));
+        let owner = Spi::get_one::<bool>("SELECT owner = current_user::regrole FROM tsoracle.seq WHERE key = 'owned'").unwrap();
+        assert_eq!(owner, Some(true), "a new key belongs to the role that created it");
     }
 
     #[pg_test]

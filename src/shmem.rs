@@ -12,6 +12,7 @@ use std::cell::UnsafeCell;
 use std::ffi::CStr;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU64, Ordering};
 use tsoracle_core::allocator::Allocator;
+use tsoracle_core::queue::{self, EntryState, Queue, QueueHeader, Ticket};
 use tsoracle_core::window::AtomicWindow;
 
 /// What the oracle is doing, as shown by `tso_status()` and used to word errors.
@@ -29,6 +30,10 @@ pub enum Phase {
     Fencing,
     /// The allocator holds a committed window.
     Serving,
+    /// The worker will not serve until an administrator acts; `OracleState::refusal` says why
+    /// (for example a durable high-water at the top of the timestamp range, or settings of
+    /// the worker's database that it cannot override).
+    Refused,
 }
 
 impl Phase {
@@ -39,12 +44,13 @@ impl Phase {
             Phase::OutdatedSchema => "outdated_schema",
             Phase::Fencing => "fencing",
             Phase::Serving => "serving",
+            Phase::Refused => "refused",
         }
     }
 }
 
 /// State guarded by the oracle's LWLock. Plain data only: it lives in shared memory.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug)]
 #[repr(C)]
 pub struct OracleState {
     pub allocator: Allocator,
@@ -64,14 +70,59 @@ pub struct OracleState {
     pub worker_started_ms: u64,
     /// The last fence found the durable row on an older timeline: a promotion.
     pub last_fence_promoted: bool,
+    /// The worker's database is not UTF8: keys and holders must be ASCII to be stored there.
+    pub ascii_names_only: bool,
+    /// Why the worker refuses to serve (`Phase::Refused`), or why it does not grant blocks and
+    /// leases right now (strict mode without a synchronous standby); UTF-8, `refusal_len` bytes.
+    pub refusal: [u8; REFUSAL_BYTES],
+    pub refusal_len: usize,
+}
+
+/// Room for the refusal text in shared memory.
+pub const REFUSAL_BYTES: usize = 240;
+
+impl Default for OracleState {
+    fn default() -> Self {
+        OracleState {
+            allocator: Allocator::default(),
+            phase: Phase::default(),
+            max_committed_ms: 0,
+            timeline: 0,
+            window_extensions: 0,
+            fences: 0,
+            last_fence_us: 0,
+            worker_commits: 0,
+            seeded_ms: 0,
+            worker_started_ms: 0,
+            last_fence_promoted: false,
+            ascii_names_only: false,
+            refusal: [0; REFUSAL_BYTES],
+            refusal_len: 0,
+        }
+    }
+}
+
+impl OracleState {
+    /// Record why the worker refuses (empty: it does not), cut at a character boundary.
+    pub fn set_refusal(&mut self, why: &str) {
+        let mut len = why.len().min(REFUSAL_BYTES);
+        while !why.is_char_boundary(len) {
+            len -= 1;
+        }
+        self.refusal[..len].copy_from_slice(&why.as_bytes()[..len]);
+        self.refusal_len = len;
+    }
+
+    pub fn refusal(&self) -> Option<String> {
+        let text = std::str::from_utf8(&self.refusal[..self.refusal_len.min(REFUSAL_BYTES)]).unwrap_or("");
+        (!text.is_empty()).then(|| text.to_string())
+    }
 }
 
 unsafe impl PGRXSharedMemory for OracleState {}
 
 pub static ORACLE: PgLwLock<OracleState> = unsafe { PgLwLock::new(c"tsoracle_oracle") };
 
-/// Capacity of the request queue (sequence and lease calls waiting for the worker).
-pub const QUEUE_SLOTS: usize = 256;
 /// Longest key or lease holder name, in bytes.
 pub const NAME_BYTES: usize = 128;
 
@@ -82,28 +133,14 @@ pub enum RequestKind {
     #[default]
     SeqAdvance,
     SeqPeek,
+    /// Remove a key (its owner or a superuser).
+    SeqDrop,
     /// name = holder, arg = holder epoch, count = TTL in ms.
     LeaseAcquire,
     /// arg = lease id.
     LeaseRenew,
     /// arg = lease id.
     LeaseRelease,
-}
-
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-#[repr(u8)]
-pub enum SlotState {
-    #[default]
-    Free,
-    /// Filled by a caller, waiting for the worker.
-    Pending,
-    /// Taken by the worker into its current transaction.
-    Taken,
-    /// Answered; the caller reads `reply` and frees the slot.
-    Done,
-    /// The caller left (cancel, timeout) after the worker took the request: whatever the
-    /// worker commits for it is burnt, never given to anyone else.
-    Abandoned,
 }
 
 /// How the worker answered.
@@ -120,6 +157,12 @@ pub enum ReplyCode {
     LeaseNotFound,
     LeaseNotRenewable,
     TooManyLeases,
+    /// The calling role may not use this key or lease.
+    PermissionDenied,
+    /// The key or holder cannot be stored in the worker's database (its encoding is not UTF8).
+    BadEncoding,
+    /// The worker will not grant anything now (see `tso_status().detail`).
+    Refused,
     /// The worker restarted while holding the request: it may or may not have committed.
     Unknown,
 }
@@ -128,8 +171,10 @@ pub enum ReplyCode {
 #[repr(C)]
 pub struct Request {
     pub kind: RequestKind,
-    /// Requests of one `tso_seq_batch()` call share a batch id and commit or fail together.
+    /// Requests of one call share a batch (the call's generation) and commit or fail together.
     pub batch: u64,
+    /// The calling role (`GetUserId()`), whose privileges the worker checks.
+    pub role: u32,
     pub name_len: u8,
     pub name: [u8; NAME_BYTES],
     pub count: u64,
@@ -137,12 +182,12 @@ pub struct Request {
 }
 
 impl Request {
-    /// `batch` is assigned when the request is queued.
+    /// `batch` is assigned when the worker takes the call, `role` when it is queued.
     pub fn new(kind: RequestKind, name: &str, count: u64) -> Self {
         let mut buf = [0u8; NAME_BYTES];
         let len = name.len().min(NAME_BYTES);
         buf[..len].copy_from_slice(&name.as_bytes()[..len]);
-        Request { kind, batch: 0, name_len: len as u8, name: buf, count, arg: 0 }
+        Request { kind, batch: 0, role: 0, name_len: len as u8, name: buf, count, arg: 0 }
     }
 
     pub fn with_arg(self, arg: i64) -> Self {
@@ -183,190 +228,157 @@ impl Reply {
     }
 }
 
-#[derive(Clone, Copy, Debug)]
-#[repr(C)]
-pub struct Slot {
-    pub state: SlotState,
-    /// Changes every time the slot is handed out, so a late answer or a late release can
-    /// never touch another caller's request.
-    pub generation: u64,
-    pub request: Request,
-    pub reply: Reply,
-    /// The caller's process latch (in shared memory): the worker wakes exactly the callers
-    /// it answered, not every waiter.
-    pub waiter: *mut pg_sys::Latch,
+pub type Entry = queue::Entry<Request, Reply>;
+
+/// Where the request queue lives: a header and one entry per backend (`MaxBackends`
+/// entries, indexed by PGPROC number), sized when the server starts, under one LWLock.
+struct QueueBlock {
+    header: *mut QueueHeader,
+    entries: *mut Entry,
+    len: usize,
+    lock: *mut pg_sys::LWLock,
 }
 
-impl Default for Slot {
-    fn default() -> Self {
-        Slot {
-            state: SlotState::Free,
-            generation: 0,
-            request: Request::default(),
-            reply: Reply::default(),
-            waiter: std::ptr::null_mut(),
+/// The request queue in shared memory (see `tsoracle_core::queue` for its states).
+pub struct SharedQueue {
+    name: &'static CStr,
+    block: UnsafeCell<Option<QueueBlock>>,
+}
+
+// SAFETY: `block` is written once per process, in the shmem startup hook, before any other
+// code of this process runs (PostgreSQL backends are single-threaded); afterwards it is only
+// read. What it points to is shared memory, guarded by the queue's LWLock.
+unsafe impl Sync for SharedQueue {}
+
+/// The queue, locked. Dropping it releases the LWLock.
+pub struct QueueGuard<'a> {
+    block: &'a QueueBlock,
+    exclusive: bool,
+}
+
+impl SharedQueue {
+    const fn new(name: &'static CStr) -> Self {
+        Self { name, block: UnsafeCell::new(None) }
+    }
+
+    fn entries_for(max_backends: usize) -> usize {
+        max_backends.max(1)
+    }
+
+    fn size(len: usize) -> usize {
+        std::mem::size_of::<QueueHeader>() + std::mem::align_of::<Entry>() + len * std::mem::size_of::<Entry>()
+    }
+
+    fn block(&self) -> Option<&QueueBlock> {
+        // SAFETY: see `unsafe impl Sync`: written only during shmem startup.
+        unsafe { (*self.block.get()).as_ref() }
+    }
+
+    fn lock(&self, exclusive: bool) -> Result<QueueGuard<'_>, crate::error::TsoError> {
+        let block = self.block().ok_or(crate::error::TsoError::NotPreloaded)?;
+        let mode = if exclusive { pg_sys::LWLockMode::LW_EXCLUSIVE } else { pg_sys::LWLockMode::LW_SHARED };
+        // SAFETY: the lock was handed out by GetNamedLWLockTranche for this block; the guard
+        // releases it on drop, also when an error unwinds through its holder.
+        unsafe { pg_sys::LWLockAcquire(block.lock, mode) };
+        Ok(QueueGuard { block, exclusive })
+    }
+
+    /// The queue under its LWLock in exclusive mode.
+    pub fn exclusive(&self) -> Result<QueueGuard<'_>, crate::error::TsoError> {
+        self.lock(true)
+    }
+
+    /// The queue under its LWLock in shared mode: reads only.
+    pub fn share(&self) -> Result<QueueGuard<'_>, crate::error::TsoError> {
+        self.lock(false)
+    }
+}
+
+impl QueueGuard<'_> {
+    /// The queue's state machine; exclusive guards only.
+    pub fn queue(&mut self) -> Queue<'_, Request, Reply> {
+        assert!(self.exclusive, "the request queue is changed under an exclusive lock only");
+        // SAFETY: the pointers come from ShmemInitStruct for `len` entries; the exclusive
+        // LWLock makes these the only references for the guard's lifetime.
+        unsafe {
+            Queue::new(&mut *self.block.header, std::slice::from_raw_parts_mut(self.block.entries, self.block.len))
         }
     }
-}
 
-/// Fixed-size queue of requests for the worker, under its own LWLock.
-#[derive(Clone, Copy, Debug)]
-#[repr(C)]
-pub struct RequestQueue {
-    pub slots: [Slot; QUEUE_SLOTS],
-    pub next_generation: u64,
-    /// Group commits made for requests, and requests they carried (mean group size).
-    pub group_commits: u64,
-    pub grouped_requests: u64,
-}
-
-impl Default for RequestQueue {
-    fn default() -> Self {
-        RequestQueue {
-            slots: [Slot::default(); QUEUE_SLOTS],
-            next_generation: 1,
-            group_commits: 0,
-            grouped_requests: 0,
-        }
-    }
-}
-
-/// A caller's handle on its slot.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Ticket {
-    pub index: usize,
-    pub generation: u64,
-}
-
-impl RequestQueue {
-    pub fn free_slots(&self) -> usize {
-        self.slots.iter().filter(|s| s.state == SlotState::Free).count()
-    }
-
-    /// Put all `requests` in at once (a batch is all or nothing), or none if there is no room.
-    /// `waiter` is the latch the worker sets when it has answered them.
-    pub fn enqueue(&mut self, requests: &[Request], waiter: *mut pg_sys::Latch) -> Option<Vec<Ticket>> {
-        if self.free_slots() < requests.len() {
+    /// The state of a call (readers too).
+    pub fn state(&self, ticket: Ticket) -> Option<EntryState> {
+        if ticket.index >= self.block.len {
             return None;
         }
-        let mut tickets = Vec::with_capacity(requests.len());
-        // One call's requests form one batch, named after its first generation.
-        let batch = self.next_generation;
-        let mut free = self.slots.iter_mut().enumerate().filter(|(_, s)| s.state == SlotState::Free);
-        for request in requests {
-            let (index, slot) = free.next()?;
-            let generation = self.next_generation;
-            self.next_generation += 1;
-            let request = Request { batch, ..*request };
-            *slot = Slot { state: SlotState::Pending, generation, request, reply: Reply::default(), waiter };
-            tickets.push(Ticket { index, generation });
-        }
-        Some(tickets)
+        // SAFETY: in bounds; writers hold the lock exclusively, so no one writes while we read.
+        let entry = unsafe { &*self.block.entries.add(ticket.index) };
+        (entry.generation == ticket.generation).then_some(entry.state)
     }
 
-    fn slot_mut(&mut self, ticket: Ticket) -> Option<&mut Slot> {
-        self.slots.get_mut(ticket.index).filter(|s| s.generation == ticket.generation)
+    pub fn header(&self) -> QueueHeader {
+        // SAFETY: as in `state`.
+        unsafe { *self.block.header }
     }
+}
 
-    pub fn is_pending(&self, ticket: Ticket) -> bool {
-        self.slots
-            .get(ticket.index)
-            .is_some_and(|s| s.generation == ticket.generation && s.state == SlotState::Pending)
+impl Drop for QueueGuard<'_> {
+    fn drop(&mut self) {
+        // SAFETY: acquired in `SharedQueue::lock`, released exactly once here.
+        unsafe { pg_sys::LWLockRelease(self.block.lock) };
     }
+}
 
-    pub fn is_answered(&self, ticket: Ticket) -> bool {
-        self.slots
-            .get(ticket.index)
-            .is_some_and(|s| s.generation == ticket.generation && s.state == SlotState::Done)
-    }
+/// Stand-in value for pg_shmem_init!'s `Default` requirement.
+#[derive(Clone, Copy, Default)]
+pub struct QueueInit;
+unsafe impl PGRXSharedMemory for QueueInit {}
 
-    /// The reply, once the worker answered; frees the slot.
-    pub fn take_reply(&mut self, ticket: Ticket) -> Option<Reply> {
-        let slot = self.slot_mut(ticket)?;
-        if slot.state != SlotState::Done {
-            return None;
-        }
-        slot.state = SlotState::Free;
-        Some(slot.reply)
-    }
+impl PgSharedMemoryInitialization for SharedQueue {
+    type Value = QueueInit;
 
-    /// The caller gives up. Returns true if the worker had already taken (or answered) the
-    /// request, i.e. its effect may be durable.
-    pub fn abandon(&mut self, ticket: Ticket) -> bool {
-        let Some(slot) = self.slot_mut(ticket) else { return false };
-        match slot.state {
-            SlotState::Pending => {
-                slot.state = SlotState::Free;
-                false
-            }
-            SlotState::Taken => {
-                slot.state = SlotState::Abandoned;
-                true
-            }
-            SlotState::Done => {
-                slot.state = SlotState::Free;
-                slot.reply.code != ReplyCode::Unknown
-            }
-            SlotState::Free | SlotState::Abandoned => false,
+    unsafe fn on_shmem_request(&'static self) {
+        // SAFETY: called from shmem_request_hook, where MaxBackends is already computed.
+        unsafe {
+            let len = Self::entries_for(usize::try_from(pg_sys::MaxBackends).unwrap_or(0));
+            pg_sys::RequestAddinShmemSpace(Self::size(len));
+            pg_sys::RequestNamedLWLockTranche(self.name.as_ptr(), 1);
         }
     }
 
-    /// Worker: take every pending request, in queue (generation) order.
-    pub fn take_pending(&mut self) -> Vec<(Ticket, Request)> {
-        let mut taken: Vec<(Ticket, Request)> = self
-            .slots
-            .iter_mut()
-            .enumerate()
-            .filter(|(_, s)| s.state == SlotState::Pending)
-            .map(|(index, s)| {
-                s.state = SlotState::Taken;
-                (Ticket { index, generation: s.generation }, s.request)
-            })
-            .collect();
-        taken.sort_by_key(|(t, _)| t.generation);
-        taken
-    }
-
-    /// Worker: answer a request it took; a request whose caller left is freed (a gap).
-    /// Returns the latch of the caller to wake.
-    pub fn answer(&mut self, ticket: Ticket, reply: Reply) -> Option<*mut pg_sys::Latch> {
-        let slot = self.slot_mut(ticket)?;
-        match slot.state {
-            SlotState::Taken => {
-                slot.state = SlotState::Done;
-                slot.reply = reply;
-                Some(slot.waiter)
-            }
-            SlotState::Abandoned => {
-                slot.state = SlotState::Free;
-                None
-            }
-            _ => None,
-        }
-    }
-
-    /// Worker start: requests a previous worker took may or may not be committed. Returns
-    /// the latches of their callers.
-    pub fn fail_taken(&mut self) -> Vec<*mut pg_sys::Latch> {
-        let mut waiters = Vec::new();
-        for slot in self.slots.iter_mut() {
-            match slot.state {
-                SlotState::Taken => {
-                    slot.state = SlotState::Done;
-                    slot.reply = Reply::err(ReplyCode::Unknown);
-                    waiters.push(slot.waiter);
+    unsafe fn on_shmem_startup(&'static self, _value: QueueInit) {
+        // SAFETY: called from shmem_startup_hook in every process that attaches, under
+        // AddinShmemInitLock (MainLWLockArray[21]: a macro in lwlock.h, so no binding); the
+        // first one initialises the block, the others find it. ShmemInitStruct returns at
+        // least the size requested above; entries are placed at their alignment inside it.
+        unsafe {
+            let init_lock = &raw mut (*pg_sys::MainLWLockArray.add(21)).lock;
+            pg_sys::LWLockAcquire(init_lock, pg_sys::LWLockMode::LW_EXCLUSIVE);
+            let len = Self::entries_for(usize::try_from(pg_sys::MaxBackends).unwrap_or(0));
+            let mut found = false;
+            let raw = pg_sys::ShmemInitStruct(self.name.as_ptr(), Self::size(len), &mut found).cast::<u8>();
+            let header = raw.cast::<QueueHeader>();
+            let after = raw.add(std::mem::size_of::<QueueHeader>());
+            let entries = after.add(after.align_offset(std::mem::align_of::<Entry>())).cast::<Entry>();
+            if !found {
+                header.write(QueueHeader::new());
+                for i in 0..len {
+                    entries.add(i).write(Entry::default());
                 }
-                SlotState::Abandoned => slot.state = SlotState::Free,
-                _ => {}
             }
+            let lock = &raw mut (*pg_sys::GetNamedLWLockTranche(self.name.as_ptr())).lock;
+            *self.block.get() = Some(QueueBlock { header, entries, len, lock });
+            pg_sys::LWLockRelease(init_lock);
         }
-        waiters
     }
 }
 
-unsafe impl PGRXSharedMemory for RequestQueue {}
+pub static QUEUE: SharedQueue = SharedQueue::new(c"tsoracle_queue");
 
-pub static QUEUE: PgLwLock<RequestQueue> = unsafe { PgLwLock::new(c"tsoracle_queue") };
+/// This backend's entry in the request queue: its PGPROC number.
+pub fn my_queue_index() -> usize {
+    // SAFETY: MyProc is set for every backend that can run SQL.
+    usize::try_from(unsafe { (*pg_sys::MyProc).pgprocno }).unwrap_or(usize::MAX)
+}
 
 /// Most live leases (active or superseded) at once.
 pub const MAX_LEASES: usize = 1024;
@@ -441,6 +453,8 @@ pub struct Signals {
     extension_requested: AtomicBool,
     /// Highest physical_ms requested by `tso_seed()` and not yet applied.
     seed_requested_ms: AtomicU64,
+    /// Set when a restore wrote the durable tables underneath the worker: fence again.
+    refence_requested: AtomicBool,
 }
 
 unsafe impl PGRXSharedMemory for Signals {}
@@ -491,6 +505,17 @@ impl Signals {
 
     pub fn take_seed_request(&self) -> u64 {
         self.seed_requested_ms.swap(0, Ordering::AcqRel)
+    }
+
+    /// Stop serving at once and have the worker fence again (its durable state changed).
+    pub fn request_refence(&self) {
+        self.window.close();
+        self.refence_requested.store(true, Ordering::Release);
+        self.wake_worker();
+    }
+
+    pub fn take_refence_request(&self) -> bool {
+        self.refence_requested.swap(false, Ordering::AcqRel)
     }
 
     pub fn condvar(&self) -> *mut pg_sys::ConditionVariable {
@@ -568,6 +593,7 @@ impl PgSharedMemoryInitialization for SharedSignals {
                     worker_pid: AtomicI32::new(0),
                     extension_requested: AtomicBool::new(false),
                     seed_requested_ms: AtomicU64::new(0),
+                    refence_requested: AtomicBool::new(false),
                 });
                 pg_sys::ConditionVariableInit((*ptr).window_moved.get());
                 pg_sys::ConditionVariableInit((*ptr).requests_answered.get());
@@ -583,7 +609,7 @@ pub static SIGNALS: SharedSignals = SharedSignals::new(c"tsoracle_signals");
 /// Called from `_PG_init` when preloading.
 pub fn init() {
     pgrx::pg_shmem_init!(ORACLE);
-    pgrx::pg_shmem_init!(QUEUE);
+    pgrx::pg_shmem_init!(QUEUE = QueueInit);
     pgrx::pg_shmem_init!(LEASE_BOUNDS);
     pgrx::pg_shmem_init!(SIGNALS = SignalsInit);
 }
@@ -594,8 +620,10 @@ pub fn signals() -> Result<&'static Signals, crate::error::TsoError> {
 }
 
 /// Set the latches of callers the worker answered (after the queue lock is released).
-pub fn wake_waiters(waiters: impl IntoIterator<Item = *mut pg_sys::Latch>) {
-    for latch in waiters {
+/// A waiter is the address of the caller's `MyLatch`, as the queue stores it.
+pub fn wake_waiters(waiters: impl IntoIterator<Item = usize>) {
+    for waiter in waiters {
+        let latch = waiter as *mut pg_sys::Latch;
         if !latch.is_null() {
             // SAFETY: a PGPROC latch in shared memory; a caller that has left only sees a
             // spurious wake-up of whatever its backend waits for next.

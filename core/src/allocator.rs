@@ -1,4 +1,4 @@
-//! The window allocator (seeds: "The Allocator"). It issues timestamps from the window
+//! The window allocator (docs/allocator.md). It issues timestamps from the window
 //! `[floor_ms, high_water_ms]`, where `high_water_ms` is durably committed before it is used.
 //! Extending the window is split into prepare (compute the target) and commit (apply what
 //! the store returned) so that the I/O in between happens outside any lock.
@@ -179,6 +179,44 @@ impl Allocator {
             requested_ms,
             epoch: self.epoch,
         })
+    }
+
+    /// The highest physical_ms that may be served at `now_ms`: `max_lead_ms` above the clock,
+    /// or above the fence's floor where the fence had to start above the clock (a seed, a
+    /// restored or inherited high-water). No load moves the oracle further ahead, and
+    /// nothing goes above the last millisecond a timestamp can be issued in.
+    pub fn lead_cap_ms(&self, now_ms: u64, max_lead_ms: u64) -> u64 {
+        now_ms.max(self.floor_ms).saturating_add(max_lead_ms).min(MAX_SQL_PHYSICAL_MS)
+    }
+
+    /// What callers may take from at `now_ms`: the committed high-water, capped by
+    /// [`lead_cap_ms`](Self::lead_cap_ms). Never above what is durable.
+    pub fn serving_bound_ms(&self, now_ms: u64, max_lead_ms: u64) -> u64 {
+        self.high_water_ms.min(self.lead_cap_ms(now_ms, max_lead_ms))
+    }
+
+    /// [`prepare_window_extension`](Self::prepare_window_extension) within the lead cap:
+    /// `None` when the committed high-water already reaches the cap (callers then wait for
+    /// the clock instead of moving the high-water further).
+    pub fn prepare_capped_extension(
+        &self,
+        now_ms: u64,
+        window_ahead_ms: u64,
+        max_lead_ms: u64,
+    ) -> Result<Option<WindowExtension>, CoreError> {
+        let extension = self.prepare_window_extension(now_ms, window_ahead_ms)?;
+        let requested_ms = extension.requested_ms.min(self.lead_cap_ms(now_ms, max_lead_ms));
+        Ok((requested_ms > self.high_water_ms).then_some(WindowExtension { requested_ms, ..extension }))
+    }
+
+    /// Less than half of `window_ahead_ms` left below the serving bound (see
+    /// [`serving_bound_ms`](Self::serving_bound_ms)); false when not serving.
+    pub fn needs_capped_extension(&self, now_ms: u64, window_ahead_ms: u64, max_lead_ms: u64) -> bool {
+        if !self.serving {
+            return false;
+        }
+        let lowest_ms = now_ms.max(self.floor_ms).max(physical_ms(self.next_ts));
+        self.serving_bound_ms(now_ms, max_lead_ms).saturating_sub(lowest_ms) < window_ahead_ms / 2
     }
 
     /// Apply the durable value the store returned. A result for another epoch (or when not

@@ -1,4 +1,4 @@
-//! Serving leases (seeds: "Serving leases"). Every live lease holds the safe frontier at
+//! Serving leases (docs/leases.md). Every live lease holds the safe frontier at
 //! or below its `ts_upper_bound_ms` (a committed high-water) until it expires or is released.
 //!
 //! The table is pure and lives in the worker's memory (not in shared memory, so it may use
@@ -22,6 +22,9 @@ pub struct Lease {
     /// The TTL it was acquired with; a renewal re-arms it.
     pub ttl_ms: u64,
     pub superseded: bool,
+    /// The role (OID) that acquired it: only that role or a superuser may renew or release
+    /// it, or acquire for its holder. 0 = unknown (a lease from before owners existed).
+    pub owner: u32,
 }
 
 impl Lease {
@@ -126,6 +129,7 @@ impl LeaseTable {
         now_ms: u64,
         new_bound_ms: u64,
         new_id: i64,
+        owner: u32,
     ) -> Result<AcquireOutcome, CoreError> {
         validate_holder(holder)?;
         let active = self.active_lease(holder, now_ms);
@@ -152,6 +156,7 @@ impl LeaseTable {
                 expires_at_ms: now_ms.saturating_add(ttl_ms),
                 ttl_ms,
                 superseded: false,
+                owner,
             },
             superseded: active.map(|l| l.id),
         })
@@ -175,9 +180,10 @@ impl LeaseTable {
         now_ms: u64,
         new_bound_ms: u64,
         new_id: i64,
+        owner: u32,
     ) -> Result<AcquireOutcome, CoreError> {
         let outcome =
-            self.plan_acquire(holder, holder_epoch, ttl_ms, now_ms, new_bound_ms, new_id)?;
+            self.plan_acquire(holder, holder_epoch, ttl_ms, now_ms, new_bound_ms, new_id, owner)?;
         self.apply_acquire(&outcome);
         Ok(outcome)
     }
@@ -281,7 +287,7 @@ mod tests {
         let AcquireOutcome::New {
             lease,
             superseded: None,
-        } = t.acquire("w", 1, 100, 1_000, 5_000, 1).unwrap()
+        } = t.acquire("w", 1, 100, 1_000, 5_000, 1, 0).unwrap()
         else {
             panic!("expected a new lease");
         };
@@ -290,11 +296,11 @@ mod tests {
 
         // Idempotent for the same holder epoch.
         assert_eq!(
-            t.acquire("w", 1, 500, 1_050, 6_000, 2),
+            t.acquire("w", 1, 500, 1_050, 6_000, 2, 0),
             Ok(AcquireOutcome::Existing(lease.clone()))
         );
         assert_eq!(
-            t.acquire("w", 0, 100, 1_050, 6_000, 2),
+            t.acquire("w", 0, 100, 1_050, 6_000, 2, 0),
             Err(CoreError::StaleHolderEpoch { got: 0, active: 1 })
         );
 
@@ -319,8 +325,8 @@ mod tests {
     #[test]
     fn higher_epoch_supersedes() {
         let mut t = LeaseTable::new();
-        t.acquire("w", 1, 100, 0, 50, 1).unwrap();
-        let out = t.acquire("w", 2, 10, 0, 70, 2).unwrap();
+        t.acquire("w", 1, 100, 0, 50, 1, 0).unwrap();
+        let out = t.acquire("w", 2, 10, 0, 70, 2, 0).unwrap();
         assert!(matches!(
             out,
             AcquireOutcome::New {
@@ -342,8 +348,8 @@ mod tests {
     #[test]
     fn expired_active_lease_allows_any_epoch() {
         let mut t = LeaseTable::new();
-        t.acquire("w", 5, 10, 0, 1, 1).unwrap();
-        let out = t.acquire("w", 3, 10, 10, 2, 2).unwrap();
+        t.acquire("w", 5, 10, 0, 1, 1, 0).unwrap();
+        let out = t.acquire("w", 3, 10, 10, 2, 2, 0).unwrap();
         assert!(matches!(
             out,
             AcquireOutcome::New {
@@ -356,13 +362,13 @@ mod tests {
     #[test]
     fn duplicate_ids_and_plan_has_no_effect() {
         let mut t = LeaseTable::new();
-        t.acquire("a", 1, 10, 0, 1, 1).unwrap();
+        t.acquire("a", 1, 10, 0, 1, 1, 0).unwrap();
         let before = t.clone();
         assert_eq!(
-            t.plan_acquire("b", 1, 10, 0, 1, 1),
+            t.plan_acquire("b", 1, 10, 0, 1, 1, 0),
             Err(CoreError::DuplicateLeaseId(1))
         );
-        let plan = t.plan_acquire("b", 1, 10, 0, 1, 2).unwrap();
+        let plan = t.plan_acquire("b", 1, 10, 0, 1, 2, 0).unwrap();
         assert_eq!(t, before);
         t.apply_acquire(&plan);
         assert_eq!(t.len(), 2);
@@ -371,8 +377,8 @@ mod tests {
     #[test]
     fn load_drops_expired() {
         let mut t = LeaseTable::new();
-        t.acquire("a", 1, 10, 0, 1, 1).unwrap();
-        t.acquire("b", 1, 20, 0, 1, 2).unwrap();
+        t.acquire("a", 1, 10, 0, 1, 1, 0).unwrap();
+        t.acquire("b", 1, 20, 0, 1, 2, 0).unwrap();
         let rows: Vec<Lease> = t.iter().cloned().collect();
         let loaded = LeaseTable::load(rows.clone(), 10).unwrap();
         assert_eq!(loaded.iter().map(|l| l.id).collect::<Vec<_>>(), vec![2]);

@@ -5,6 +5,7 @@
 pub mod allocator;
 pub mod error;
 pub mod lease;
+pub mod queue;
 pub mod seq;
 pub mod timestamp;
 pub mod window;

@@ -1,4 +1,4 @@
-//! Dense sequences (seeds: "Dense sequences: a separate counter"). The counters live in
+//! Dense sequences (docs/sequences.md). The counters live in
 //! PostgreSQL; the core only validates requests and splits a group commit: the worker
 //! advances each key once by the total of all its pending requests, and every requester
 //! gets its own slice of `[base, base + total)`, in queue order.

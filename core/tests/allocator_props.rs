@@ -344,3 +344,32 @@ proptest! {
         }
     }
 }
+
+proptest! {
+    /// The lead cap: what is served never exceeds the committed high-water, nor
+    /// `max(now, floor) + max_lead`; an extension within the cap only ever raises the
+    /// high-water, and never past the cap.
+    #[test]
+    fn the_lead_cap_bounds_what_is_served(
+        floor in 1u64..1_000_000,
+        above in 0u64..100_000,
+        now in 0u64..1_200_000,
+        window in 1u64..20_000,
+        lead in 1u64..50_000,
+    ) {
+        let mut a = Allocator::new();
+        a.become_leader(floor, floor + above, 1).map_err(fail)?;
+        let bound = a.serving_bound_ms(now, lead);
+        prop_assert!(bound <= a.high_water_ms());
+        prop_assert!(bound <= now.max(floor) + lead);
+        prop_assert!(bound >= floor.min(a.high_water_ms()), "the floor is always servable");
+        match a.prepare_capped_extension(now, window, lead).map_err(fail)? {
+            Some(ext) => {
+                prop_assert!(ext.requested_ms > a.high_water_ms());
+                prop_assert!(ext.requested_ms <= now.max(floor) + lead);
+                prop_assert!(ext.requested_ms <= (a.high_water_ms() + 1).max(now) + window);
+            }
+            None => prop_assert!(a.high_water_ms() >= now.max(floor) + lead, "no extension only at the cap"),
+        }
+    }
+}

@@ -104,6 +104,7 @@ impl Model {
                 expires_at_ms: self.now + ttl,
                 ttl_ms: ttl,
                 superseded: false,
+                owner: 0,
             },
             superseded: active.map(|a| a.id),
         })
@@ -132,12 +133,12 @@ impl Model {
                     let before = self.table.clone();
                     let plan =
                         self.table
-                            .plan_acquire(holder, epoch, ttl, self.now, self.high_water, id);
+                            .plan_acquire(holder, epoch, ttl, self.now, self.high_water, id, 0);
                     prop_assert_eq!(&self.table, &before, "plan must not change the table");
                     plan.inspect(|p| self.table.apply_acquire(p))
                 } else {
                     self.table
-                        .acquire(holder, epoch, ttl, self.now, self.high_water, id)
+                        .acquire(holder, epoch, ttl, self.now, self.high_water, id, 0)
                 };
                 prop_assert_eq!(&got, &want);
                 if let Ok(AcquireOutcome::New { lease, superseded }) = want {

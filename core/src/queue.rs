@@ -1,0 +1,309 @@
+//! The request queue between callers and the worker, as a pure state machine.
+//!
+//! Vocabulary:
+//! - an **entry** belongs to one backend: the extension indexes entries by the backend's
+//!   PGPROC number, so there is exactly one entry per possible backend and no backend can
+//!   take another's. The queue can therefore never be exhausted, whatever other roles do.
+//! - a **call** fills its backend's entry with 1 to [`MAX_REQUESTS`] requests (one
+//!   `tso_seq_batch()` is one call: all its requests commit or fail together).
+//! - a **ticket** names one call: the entry index and the entry's **generation**, which changes
+//!   every time the entry is filled. The worker answers by ticket, so a late answer for a
+//!   caller that left can never land in the call of the entry's next user.
+//!
+//! States of an entry: `Free` → `Pending` (filled by its caller) → `Taken` (the worker took it
+//! into a transaction) → `Done` (answered; the caller reads the replies) → `Free`. A caller
+//! that leaves early (cancel, timeout, terminate, disconnect) turns `Pending` into `Free`
+//! (nothing happened) and `Taken` into `Abandoned`: whatever the worker commits for it is
+//! burnt (a gap), never given to anyone else; the worker's answer then frees the entry.
+//!
+//! The entries live in PostgreSQL shared memory, so they are plain `Copy` data; the waiter
+//! is an opaque token (the extension stores the caller's latch address in it).
+
+/// Most requests one call may carry (the entry's capacity).
+pub const MAX_REQUESTS: usize = 64;
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[repr(u8)]
+pub enum EntryState {
+    #[default]
+    Free,
+    Pending,
+    Taken,
+    Done,
+    Abandoned,
+}
+
+/// A caller's handle on its call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Ticket {
+    pub index: usize,
+    pub generation: u64,
+}
+
+#[derive(Clone, Copy, Debug)]
+#[repr(C)]
+pub struct Entry<R: Copy, P: Copy> {
+    pub state: EntryState,
+    pub generation: u64,
+    len: usize,
+    requests: [R; MAX_REQUESTS],
+    replies: [P; MAX_REQUESTS],
+    waiter: usize,
+}
+
+impl<R: Copy + Default, P: Copy + Default> Default for Entry<R, P> {
+    fn default() -> Self {
+        Entry {
+            state: EntryState::Free,
+            generation: 0,
+            len: 0,
+            requests: [R::default(); MAX_REQUESTS],
+            replies: [P::default(); MAX_REQUESTS],
+            waiter: 0,
+        }
+    }
+}
+
+impl<R: Copy, P: Copy> Entry<R, P> {
+    pub fn requests(&self) -> &[R] {
+        &self.requests[..self.len]
+    }
+}
+
+/// Counters kept beside the entries.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[repr(C)]
+pub struct QueueHeader {
+    /// The next generation handed out; starts at 1 so that 0 never names a call.
+    pub next_generation: u64,
+    /// Group commits the worker made for calls, and the calls they carried.
+    pub group_commits: u64,
+    pub grouped_calls: u64,
+}
+
+impl QueueHeader {
+    pub const fn new() -> Self {
+        QueueHeader { next_generation: 1, group_commits: 0, grouped_calls: 0 }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum QueueError {
+    #[error("no request queue entry {index} (the queue has {len})")]
+    NoSuchEntry { index: usize, len: usize },
+    #[error("a call must carry 1 to {max} requests, got {got}")]
+    BadLength { got: usize, max: usize },
+}
+
+/// The queue: a header and one entry per backend, borrowed from wherever they live.
+pub struct Queue<'a, R: Copy, P: Copy> {
+    pub header: &'a mut QueueHeader,
+    pub entries: &'a mut [Entry<R, P>],
+}
+
+impl<'a, R: Copy, P: Copy> Queue<'a, R, P> {
+    pub fn new(header: &'a mut QueueHeader, entries: &'a mut [Entry<R, P>]) -> Self {
+        Queue { header, entries }
+    }
+
+    fn entry_mut(&mut self, ticket: Ticket) -> Option<&mut Entry<R, P>> {
+        self.entries.get_mut(ticket.index).filter(|e| e.generation == ticket.generation)
+    }
+
+    /// A caller fills its own entry. Whatever the entry held before belongs to a call that
+    /// has ended (this backend's earlier call, or the previous user of its PGPROC): it is
+    /// replaced, and an answer the worker still owes it will find another generation.
+    pub fn submit(&mut self, index: usize, requests: &[R], waiter: usize) -> Result<Ticket, QueueError> {
+        if requests.is_empty() || requests.len() > MAX_REQUESTS {
+            return Err(QueueError::BadLength { got: requests.len(), max: MAX_REQUESTS });
+        }
+        let len = self.entries.len();
+        let generation = self.header.next_generation;
+        let entry = self.entries.get_mut(index).ok_or(QueueError::NoSuchEntry { index, len })?;
+        self.header.next_generation += 1;
+        entry.state = EntryState::Pending;
+        entry.generation = generation;
+        entry.len = requests.len();
+        entry.requests[..requests.len()].copy_from_slice(requests);
+        entry.waiter = waiter;
+        Ok(Ticket { index, generation })
+    }
+
+    pub fn state(&self, ticket: Ticket) -> Option<EntryState> {
+        self.entries.get(ticket.index).filter(|e| e.generation == ticket.generation).map(|e| e.state)
+    }
+
+    /// The replies, once the worker answered; frees the entry.
+    pub fn take_replies(&mut self, ticket: Ticket) -> Option<Vec<P>> {
+        let entry = self.entry_mut(ticket)?;
+        if entry.state != EntryState::Done {
+            return None;
+        }
+        entry.state = EntryState::Free;
+        Some(entry.replies[..entry.len].to_vec())
+    }
+
+    /// The caller gives up on its call. True if the worker had already taken it, i.e. its
+    /// effect may be durable (`is_unknown` tells a `Done` reply that says it is not known).
+    pub fn abandon(&mut self, ticket: Ticket, is_unknown: impl Fn(&P) -> bool) -> bool {
+        let Some(entry) = self.entry_mut(ticket) else { return false };
+        match entry.state {
+            EntryState::Pending => {
+                entry.state = EntryState::Free;
+                false
+            }
+            EntryState::Taken => {
+                entry.state = EntryState::Abandoned;
+                true
+            }
+            EntryState::Done => {
+                entry.state = EntryState::Free;
+                !entry.replies[..entry.len].iter().all(&is_unknown)
+            }
+            EntryState::Free | EntryState::Abandoned => false,
+        }
+    }
+
+    /// The backend that owns entry `index` is exiting (by any path): give up whatever call
+    /// it left there.
+    pub fn release_entry(&mut self, index: usize) {
+        if let Some(entry) = self.entries.get_mut(index) {
+            entry.state = match entry.state {
+                EntryState::Taken | EntryState::Abandoned => EntryState::Abandoned,
+                EntryState::Free | EntryState::Pending | EntryState::Done => EntryState::Free,
+            };
+        }
+    }
+
+    /// Worker: take every pending call, oldest first.
+    pub fn take_pending(&mut self) -> Vec<(Ticket, Vec<R>)> {
+        let mut taken: Vec<(Ticket, Vec<R>)> = self
+            .entries
+            .iter_mut()
+            .enumerate()
+            .filter(|(_, e)| e.state == EntryState::Pending)
+            .map(|(index, e)| {
+                e.state = EntryState::Taken;
+                (Ticket { index, generation: e.generation }, e.requests[..e.len].to_vec())
+            })
+            .collect();
+        taken.sort_by_key(|(t, _)| t.generation);
+        taken
+    }
+
+    /// Worker: answer a call it took. Returns the waiter to wake, or None when the caller
+    /// left (the entry is freed: its effect is a gap) or the ticket is stale.
+    pub fn answer(&mut self, ticket: Ticket, replies: &[P]) -> Option<usize> {
+        let entry = self.entry_mut(ticket)?;
+        match entry.state {
+            EntryState::Taken => {
+                let n = replies.len().min(entry.len);
+                entry.replies[..n].copy_from_slice(&replies[..n]);
+                entry.state = EntryState::Done;
+                Some(entry.waiter)
+            }
+            EntryState::Abandoned => {
+                entry.state = EntryState::Free;
+                None
+            }
+            _ => None,
+        }
+    }
+
+    /// Worker start: calls a previous worker took may or may not be committed; answer each
+    /// with `unknown`. Returns the waiters to wake.
+    pub fn fail_taken(&mut self, unknown: P) -> Vec<usize> {
+        let mut waiters = Vec::new();
+        for entry in self.entries.iter_mut() {
+            match entry.state {
+                EntryState::Taken => {
+                    let len = entry.len;
+                    entry.replies[..len].fill(unknown);
+                    entry.state = EntryState::Done;
+                    waiters.push(entry.waiter);
+                }
+                EntryState::Abandoned => entry.state = EntryState::Free,
+                _ => {}
+            }
+        }
+        waiters
+    }
+
+    /// Entries not free (for monitoring).
+    pub fn busy_entries(&self) -> usize {
+        self.entries.iter().filter(|e| e.state != EntryState::Free).count()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    type E = Entry<u32, i64>;
+
+    fn queue(n: usize) -> (QueueHeader, Vec<E>) {
+        (QueueHeader::new(), vec![E::default(); n])
+    }
+
+    #[test]
+    fn a_call_goes_round() {
+        let (mut h, mut e) = queue(4);
+        let mut q = Queue::new(&mut h, &mut e);
+        let t = q.submit(2, &[7, 8], 99).unwrap();
+        assert_eq!(q.state(t), Some(EntryState::Pending));
+        let taken = q.take_pending();
+        assert_eq!(taken, vec![(t, vec![7, 8])]);
+        assert_eq!(q.take_replies(t), None, "not answered yet");
+        assert_eq!(q.answer(t, &[70, 80]), Some(99));
+        assert_eq!(q.take_replies(t), Some(vec![70, 80]));
+        assert_eq!(q.state(t), Some(EntryState::Free));
+        assert_eq!(q.busy_entries(), 0);
+    }
+
+    #[test]
+    fn bad_calls_are_refused() {
+        let (mut h, mut e) = queue(2);
+        let mut q = Queue::new(&mut h, &mut e);
+        assert_eq!(q.submit(2, &[1], 0), Err(QueueError::NoSuchEntry { index: 2, len: 2 }));
+        assert_eq!(q.submit(0, &[], 0), Err(QueueError::BadLength { got: 0, max: MAX_REQUESTS }));
+        assert_eq!(
+            q.submit(0, &[1; MAX_REQUESTS + 1], 0),
+            Err(QueueError::BadLength { got: MAX_REQUESTS + 1, max: MAX_REQUESTS })
+        );
+    }
+
+    #[test]
+    fn a_late_answer_never_reaches_the_next_user_of_the_entry() {
+        let (mut h, mut e) = queue(1);
+        let mut q = Queue::new(&mut h, &mut e);
+        let old = q.submit(0, &[1], 10).unwrap();
+        assert_eq!(q.take_pending().len(), 1);
+        // The caller's backend exits; the next backend on the same PGPROC submits.
+        q.release_entry(0);
+        let new = q.submit(0, &[2], 20).unwrap();
+        assert_ne!(old.generation, new.generation);
+        assert_eq!(q.answer(old, &[111]), None, "stale ticket");
+        assert_eq!(q.take_pending(), vec![(new, vec![2])]);
+        assert_eq!(q.answer(new, &[222]), Some(20));
+        assert_eq!(q.take_replies(new), Some(vec![222]));
+    }
+
+    #[test]
+    fn abandoning_says_whether_the_effect_may_be_durable() {
+        let (mut h, mut e) = queue(1);
+        let mut q = Queue::new(&mut h, &mut e);
+        let unknown = |p: &i64| *p == -1;
+        let t = q.submit(0, &[1], 0).unwrap();
+        assert!(!q.abandon(t, unknown), "pending: nothing happened");
+        assert_eq!(q.take_pending(), vec![]);
+        let t = q.submit(0, &[1], 0).unwrap();
+        q.take_pending();
+        assert!(q.abandon(t, unknown), "taken: may be committed");
+        assert_eq!(q.answer(t, &[5]), None, "the answer frees an abandoned entry");
+        assert_eq!(q.busy_entries(), 0);
+        let t = q.submit(0, &[1], 0).unwrap();
+        q.take_pending();
+        assert_eq!(q.fail_taken(-1), vec![0]);
+        assert!(!q.abandon(t, unknown), "answered 'unknown' by a restarted worker");
+    }
+}

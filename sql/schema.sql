@@ -1,0 +1,54 @@
+-- tsoracle: the durable state, in schema tsoracle of the database named by tsoracle.database.
+-- Written only by the extension's background worker (and merged by restores, see
+-- tsoracle.merge_restored_row). Installed first (bootstrap), before the functions.
+
+CREATE SCHEMA tsoracle;
+COMMENT ON SCHEMA tsoracle IS 'Durable state of the tsoracle extension; written only by its worker.';
+
+-- The durable high-water: no timestamp is ever issued above it, and the fence starts above it.
+-- Written by the worker only, with GREATEST (it never goes back).
+-- No row at creation: the worker inserts it at its first fence.
+CREATE TABLE tsoracle.high_water (
+    id          boolean PRIMARY KEY DEFAULT true CHECK (id),
+    physical_ms bigint NOT NULL CHECK (physical_ms >= 0),
+    epoch       bigint NOT NULL CHECK (epoch >= 0),
+    updated_at  timestamptz NOT NULL DEFAULT now()
+);
+COMMENT ON TABLE tsoracle.high_water IS 'Durable upper bound (Unix ms) of every timestamp tsoracle has issued; epoch is the WAL timeline of the last fence.';
+SELECT pg_catalog.pg_extension_config_dump('tsoracle.high_water', '');
+
+-- Dense counters for tso_seq(): `next` is the start of the next block. Advanced only by the
+-- worker, in group commits, never backwards. `owner` is the role that created the key (NULL:
+-- a key from before 0.2.0, shared by every tsoracle_seq_user).
+CREATE TABLE tsoracle.seq (
+    key        text PRIMARY KEY CHECK (octet_length(key) BETWEEN 1 AND 128),
+    next       bigint NOT NULL CHECK (next >= 0),
+    updated_at timestamptz NOT NULL DEFAULT now(),
+    owner      regrole
+);
+COMMENT ON TABLE tsoracle.seq IS 'tso_seq() counters: next is the first value of the next block granted for key; owner may use it (with its members) and drop it.';
+SELECT pg_catalog.pg_extension_config_dump('tsoracle.seq', '');
+
+-- Leases (tso_lease_acquire): a holder may stamp timestamps up to ts_upper_bound_ms (a
+-- durable high-water) until expires_at_ms. lease_id is the acquire-time bound, unique for
+-- all time because the high-water never repeats. `owner` is the role that acquired it.
+CREATE TABLE tsoracle.lease (
+    lease_id          bigint PRIMARY KEY,
+    holder            text NOT NULL CHECK (octet_length(holder) BETWEEN 1 AND 128),
+    holder_epoch      bigint NOT NULL,
+    ts_upper_bound_ms bigint NOT NULL,
+    expires_at_ms     bigint NOT NULL,
+    ttl_ms            bigint NOT NULL CHECK (ttl_ms > 0),
+    superseded        boolean NOT NULL DEFAULT false,
+    granted_at        timestamptz NOT NULL DEFAULT now(),
+    renewed_at        timestamptz,
+    owner             regrole
+);
+COMMENT ON TABLE tsoracle.lease IS 'Live tsoracle leases; written only by the worker. Only owner (or a superuser) may renew or release a lease.';
+SELECT pg_catalog.pg_extension_config_dump('tsoracle.lease', '');
+
+REVOKE ALL ON SCHEMA tsoracle FROM PUBLIC;
+REVOKE ALL ON ALL TABLES IN SCHEMA tsoracle FROM PUBLIC;
+-- The high-water may be read by anyone (monitoring, tso_status() on a standby).
+GRANT USAGE ON SCHEMA tsoracle TO PUBLIC;
+GRANT SELECT ON tsoracle.high_water TO PUBLIC;

@@ -1,0 +1,88 @@
+-- tsoracle 0.1.0 -> 0.2.0 (ALTER EXTENSION tsoracle UPDATE TO '0.2.0').
+-- Keeps every row: the high-water, the counters and the leases stay as they are.
+
+\echo Use "ALTER EXTENSION tsoracle UPDATE TO '0.2.0'" to load this file. \quit
+
+-- Owners. Keys and leases made by 0.1.0 get no owner (NULL): they stay shared by every
+-- member of tsoracle_seq_user / tsoracle_lease_holder, as they were.
+ALTER TABLE tsoracle.seq ADD COLUMN owner regrole;
+COMMENT ON TABLE tsoracle.seq IS 'tso_seq() counters: next is the first value of the next block granted for key; owner may use it (with its members) and drop it.';
+ALTER TABLE tsoracle.lease ADD COLUMN owner regrole;
+COMMENT ON TABLE tsoracle.lease IS 'Live tsoracle leases; written only by the worker. Only owner (or a superuser) may renew or release a lease.';
+
+-- New function: remove a counter (its owner or a superuser).
+CREATE FUNCTION "tso_seq_drop"(
+	"key" TEXT /* Option < & str > */
+) RETURNS bool /* bool */
+VOLATILE PARALLEL UNSAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'tso_seq_drop_wrapper';
+
+CREATE FUNCTION tsoracle."note_restore"() RETURNS bool /* bool */
+STRICT VOLATILE PARALLEL UNSAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'note_restore_wrapper';
+
+-- Restores (pg_dump/pg_restore, or any superuser's INSERT/COPY) write rows the worker may
+-- already hold. Each such row is merged, never lowering anything: the high-water and the
+-- counters keep the larger value, an existing lease is kept. When the transaction commits,
+-- tsoracle.note_restore() has the worker stop serving and fence again above what was
+-- restored. The worker's own writes pass through unchanged.
+CREATE FUNCTION tsoracle.merge_restored_row() RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF NOT tsoracle.note_restore() THEN
+        RETURN NEW;
+    END IF;
+    IF TG_TABLE_NAME = 'high_water' THEN
+        UPDATE tsoracle.high_water AS h
+           SET physical_ms = GREATEST(h.physical_ms, NEW.physical_ms),
+               epoch = GREATEST(h.epoch, NEW.epoch),
+               updated_at = now()
+         WHERE h.id = NEW.id;
+    ELSIF TG_TABLE_NAME = 'seq' THEN
+        UPDATE tsoracle.seq AS s
+           SET next = GREATEST(s.next, NEW.next),
+               owner = COALESCE(s.owner, NEW.owner),
+               updated_at = now()
+         WHERE s.key = NEW.key;
+    ELSIF TG_TABLE_NAME = 'lease' THEN
+        UPDATE tsoracle.lease AS l
+           SET ts_upper_bound_ms = GREATEST(l.ts_upper_bound_ms, NEW.ts_upper_bound_ms),
+               expires_at_ms = GREATEST(l.expires_at_ms, NEW.expires_at_ms)
+         WHERE l.lease_id = NEW.lease_id;
+    END IF;
+    IF FOUND THEN
+        RETURN NULL;  -- merged into the existing row
+    END IF;
+    RETURN NEW;
+END
+$$;
+REVOKE EXECUTE ON FUNCTION tsoracle.merge_restored_row() FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION tsoracle.note_restore() FROM PUBLIC;
+CREATE TRIGGER merge_restored_row BEFORE INSERT ON tsoracle.high_water
+    FOR EACH ROW EXECUTE FUNCTION tsoracle.merge_restored_row();
+CREATE TRIGGER merge_restored_row BEFORE INSERT ON tsoracle.seq
+    FOR EACH ROW EXECUTE FUNCTION tsoracle.merge_restored_row();
+CREATE TRIGGER merge_restored_row BEFORE INSERT ON tsoracle.lease
+    FOR EACH ROW EXECUTE FUNCTION tsoracle.merge_restored_row();
+
+-- Sequences become a privilege, like leases: grant tsoracle_seq_user to the roles that
+-- use them (0.1.0 let every role call them).
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'tsoracle_seq_user') THEN
+        CREATE ROLE tsoracle_seq_user NOLOGIN;
+    END IF;
+END
+$$;
+REVOKE EXECUTE ON FUNCTION tso_seq(text, integer) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION tso_seq_batch(text[], integer[]) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION tso_seq_peek(text) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION tso_seq_drop(text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION tso_seq(text, integer) TO tsoracle_seq_user;
+GRANT EXECUTE ON FUNCTION tso_seq_batch(text[], integer[]) TO tsoracle_seq_user;
+GRANT EXECUTE ON FUNCTION tso_seq_peek(text) TO tsoracle_seq_user;
+GRANT EXECUTE ON FUNCTION tso_seq_drop(text) TO tsoracle_seq_user;

@@ -1,0 +1,45 @@
+//! Restores write the durable tables underneath a running worker (pg_dump/pg_restore load
+//! `tsoracle.high_water`, `tsoracle.seq` and `tsoracle.lease` while the worker may already
+//! serve). The trigger `tsoracle.merge_restored_row` merges each restored row into what is
+//! there (never lowering anything) and calls `note_restore()`, which, when the restoring
+//! transaction commits, has the worker stop serving and fence again above what was restored.
+//! Nothing relies on winning a race with the worker: whichever commits first, the fence that
+//! follows the restore's commit starts above both.
+
+use crate::shmem;
+use pgrx::prelude::*;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// Set in the worker process: its own writes are not restores.
+pub static IN_WORKER: AtomicBool = AtomicBool::new(false);
+
+/// A commit callback is registered for the current transaction.
+static REGISTERED: AtomicBool = AtomicBool::new(false);
+
+/// The function lives in schema tsoracle, beside the tables and the trigger that call it.
+#[pg_schema]
+mod tsoracle {
+    use super::*;
+
+    /// Called by the merge trigger for each row written outside the worker. Returns false in
+    /// the worker (its write goes through unchanged), true elsewhere: the row is a restore (or a
+    /// superuser's own write), to be merged, and the worker fences again once it commits.
+    #[pg_extern(volatile, parallel_unsafe)]
+    fn note_restore() -> bool {
+        if IN_WORKER.load(Ordering::Relaxed) {
+            return false;
+        }
+        if !REGISTERED.swap(true, Ordering::Relaxed) {
+            pgrx::register_xact_callback(pgrx::PgXactCallbackEvent::Commit, || {
+                REGISTERED.store(false, Ordering::Relaxed);
+                if let Ok(signals) = shmem::signals() {
+                    signals.request_refence();
+                }
+            });
+            pgrx::register_xact_callback(pgrx::PgXactCallbackEvent::Abort, || {
+                REGISTERED.store(false, Ordering::Relaxed);
+            });
+        }
+        true
+    }
+}

@@ -1,0 +1,167 @@
+//! `tso_status()`: one row that says what the oracle on this server is doing. Its columns
+//! are part of every released version's SQL (the library serves them all): add a new
+//! function rather than a column.
+
+use crate::error::OrReport;
+use crate::oracle;
+use crate::shmem::{self, Phase, LEASE_BOUNDS, ORACLE, QUEUE};
+use pgrx::prelude::*;
+use std::sync::atomic::Ordering;
+use tsoracle_core::timestamp;
+
+/// The row, field by field (README: "tso_status()" documents each column).
+struct Status {
+    role: &'static str,
+    state: String,
+    detail: Option<String>,
+    epoch: Option<i64>,
+    timeline: Option<i64>,
+    high_water_ms: Option<i64>,
+    floor_ms: Option<i64>,
+    last_issued: Option<i64>,
+    window_left_ms: Option<i64>,
+    timestamps_issued: i64,
+    window_extensions: i64,
+    fences: i64,
+    last_fence_ms: Option<f64>,
+    promotion_to_first_ts_ms: Option<i64>,
+    worker_pid: Option<i32>,
+    worker_commits: i64,
+    group_commits: i64,
+    grouped_requests: i64,
+    live_leases: i64,
+    sync_replication: bool,
+}
+
+impl Status {
+    fn read() -> Status {
+        let signals = shmem::signals().or_report();
+        let st = *ORACLE.share();
+        let header = QUEUE.share().or_report().header();
+        let first_grant_ms = signals.first_grant_ms.load(Ordering::Relaxed);
+        let worker_pid = signals.worker_pid();
+        // SAFETY: a plain read of process-local state.
+        let standby = unsafe { pg_sys::RecoveryInProgress() };
+        let mut status = Status {
+            role: "primary",
+            state: st.phase.as_str().to_string(),
+            detail: None,
+            epoch: None,
+            timeline: (st.timeline > 0).then_some(i64::from(st.timeline)),
+            high_water_ms: None,
+            floor_ms: None,
+            last_issued: signals.window.last_issued().map(timestamp::to_sql),
+            window_left_ms: None,
+            timestamps_issued: signals.timestamps_issued() as i64,
+            window_extensions: st.window_extensions as i64,
+            fences: st.fences as i64,
+            last_fence_ms: (st.fences > 0).then_some(st.last_fence_us as f64 / 1000.0),
+            promotion_to_first_ts_ms: (st.last_fence_promoted && first_grant_ms > 0)
+                .then(|| first_grant_ms.saturating_sub(st.worker_started_ms) as i64),
+            worker_pid: (worker_pid != 0).then_some(worker_pid),
+            worker_commits: st.worker_commits as i64,
+            group_commits: header.group_commits as i64,
+            grouped_requests: header.grouped_calls as i64,
+            live_leases: LEASE_BOUNDS.share().len as i64,
+            sync_replication: crate::replica::sync_replication_configured(),
+        };
+        if standby {
+            // A standby serves nothing; show what it has replayed.
+            status.role = "standby";
+            status.state = "standby".into();
+            status.detail = crate::replica::primary_hint();
+            status.timeline = Some(i64::from(crate::replica::replay_timeline()));
+            status.high_water_ms = replayed_high_water();
+            status.last_issued = None;
+            status.last_fence_ms = None;
+            status.promotion_to_first_ts_ms = None;
+            status.worker_pid = None;
+            return status;
+        }
+        if st.allocator.is_serving() {
+            // The allocator's bookkeeping, brought up to what the lock-free window has issued.
+            let mut allocator = st.allocator;
+            allocator.observe_issued(signals.window.next_ts());
+            status.epoch = allocator.epoch().map(|e| e as i64);
+            status.high_water_ms = Some(allocator.high_water_ms() as i64);
+            status.floor_ms = Some(allocator.floor_ms() as i64);
+            status.window_left_ms = Some(allocator.window_left_ms(crate::clock::now_ms()) as i64);
+        }
+        status.detail = match st.phase {
+            Phase::Serving => st.refusal(),
+            phase => Some(oracle::not_serving(signals, phase).to_string()),
+        };
+        status
+    }
+}
+
+
+/// One row describing the oracle on this server.
+#[pg_extern]
+#[allow(clippy::type_complexity)]
+fn tso_status() -> TableIterator<
+    'static,
+    (
+        name!(role, String),
+        name!(state, String),
+        name!(detail, Option<String>),
+        name!(epoch, Option<i64>),
+        name!(timeline, Option<i64>),
+        name!(high_water_ms, Option<i64>),
+        name!(floor_ms, Option<i64>),
+        name!(last_issued, Option<i64>),
+        name!(window_left_ms, Option<i64>),
+        name!(timestamps_issued, i64),
+        name!(window_extensions, i64),
+        name!(fences, i64),
+        name!(last_fence_ms, Option<f64>),
+        name!(promotion_to_first_ts_ms, Option<i64>),
+        name!(worker_pid, Option<i32>),
+        name!(worker_commits, i64),
+        name!(group_commits, i64),
+        name!(grouped_requests, i64),
+        name!(live_leases, i64),
+        name!(sync_replication, bool),
+    ),
+> {
+    let s = Status::read();
+    TableIterator::once((
+        s.role.to_string(),
+        s.state,
+        s.detail,
+        s.epoch,
+        s.timeline,
+        s.high_water_ms,
+        s.floor_ms,
+        s.last_issued,
+        s.window_left_ms,
+        s.timestamps_issued,
+        s.window_extensions,
+        s.fences,
+        s.last_fence_ms,
+        s.promotion_to_first_ts_ms,
+        s.worker_pid,
+        s.worker_commits,
+        s.group_commits,
+        s.grouped_requests,
+        s.live_leases,
+        s.sync_replication,
+    ))
+}
+
+/// On a standby: the high-water replayed from the primary, if this database has the table.
+/// (Read-only SPI: `Spi::get_one` would ask for a transaction id, which a standby refuses.)
+fn replayed_high_water() -> Option<i64> {
+    Spi::connect(|client| {
+        let present = client
+            .select("SELECT pg_catalog.to_regclass('tsoracle.high_water') IS NOT NULL", None, &[])?
+            .first()
+            .get_one::<bool>()?;
+        if present != Some(true) {
+            return Ok(None);
+        }
+        client.select("SELECT physical_ms FROM tsoracle.high_water WHERE id", None, &[])?.first().get_one::<i64>()
+    })
+    .ok()
+    .flatten()
+}
