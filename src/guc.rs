@@ -13,6 +13,7 @@ pub static LEASE_TTL_MIN_MS: GucSetting<i32> = GucSetting::<i32>::new(5_000);
 pub static LEASE_TTL_MAX_MS: GucSetting<i32> = GucSetting::<i32>::new(300_000);
 pub static MAX_LEAD_MS: GucSetting<i32> = GucSetting::<i32>::new(10_000);
 pub static REQUIRE_SYNCHRONOUS_STANDBY: GucSetting<bool> = GucSetting::<bool>::new(false);
+pub static HA_TTL_MS: GucSetting<i32> = GucSetting::<i32>::new(0);
 pub static EXPIRED_LEASE_RETENTION_MS: GucSetting<i32> = GucSetting::<i32>::new(600_000);
 
 pub fn define() {
@@ -122,6 +123,16 @@ pub fn define() {
         GucContext::Sighup,
         GucFlags::default(),
     );
+    GucRegistry::define_int_guc(
+        c"tsoracle.ha_ttl_ms",
+        c"The leader TTL of the HA manager (Patroni's ttl), if any; 0 = none.",
+        c"The worker warns when tsoracle.window_ahead_ms is not at most half of it: a primary cut off from its synchronous standby issues for up to window_ahead_ms, and a new leader must not be elected before that.",
+        &HA_TTL_MS,
+        0,
+        86_400_000,
+        GucContext::Sighup,
+        GucFlags::UNIT_MS,
+    );
     unsafe { pgrx::pg_sys::MarkGUCPrefixReserved(c"tsoracle".as_ptr()) };
 }
 
@@ -170,4 +181,8 @@ pub fn max_lead_ms() -> u64 {
 
 pub fn require_synchronous_standby() -> bool {
     REQUIRE_SYNCHRONOUS_STANDBY.get()
+}
+
+pub fn ha_ttl_ms() -> u64 {
+    HA_TTL_MS.get().max(0) as u64
 }

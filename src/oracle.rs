@@ -41,6 +41,10 @@ enum Blocked {
 
 fn try_grant(signals: &Signals, count: u32) -> Result<Result<u64, Blocked>, TsoError> {
     let now = now_ms();
+    // Only while the last confirmed commit is recent (the worker renews it every half window).
+    if now > signals.serve_until_ms() {
+        return Ok(Err(Blocked::Exhausted));
+    }
     match signals.window.try_grant(now, count) {
         Ok(first) => {
             signals.count_issued(count);
@@ -87,6 +91,7 @@ pub fn next(count: i64) -> Result<u64, TsoError> {
             Blocked::NotServing(phase) => not_serving(signals, phase),
             Blocked::Exhausted => match ORACLE.share().refusal() {
                 Some(why) => TsoError::NotServing(why),
+                None if ORACLE.share().phase != Phase::Serving => not_serving(signals, ORACLE.share().phase),
                 None => TsoError::WorkerTimeout {
                     waited_ms: guc::extension_timeout_ms(),
                     what: "extend the timestamp window",

@@ -442,6 +442,11 @@ pub struct Signals {
     /// Clock time of the first timestamp served after the last fence (0: none yet). Written
     /// once per fence, read by every call: on its own cache line.
     pub first_grant_ms: CacheLine<AtomicU64>,
+    /// Clock time until which timestamps may be issued: `tsoracle.window_ahead_ms` past the
+    /// start of the last commit the synchronous standbys confirmed. A primary that has lost
+    /// them stops issuing within `window_ahead_ms`, whatever its window still holds (see
+    /// docs/replication.md). Written by the worker after each confirmed commit.
+    serve_until_ms: CacheLine<AtomicU64>,
     /// Broadcast by the worker whenever the committed window or the phase changes.
     window_moved: UnsafeCell<pg_sys::ConditionVariable>,
     /// Broadcast by the worker when it has answered requests (or freed queue slots).
@@ -468,6 +473,16 @@ impl Signals {
 
     pub fn timestamps_issued(&self) -> u64 {
         self.issued.iter().map(|c| c.load(Ordering::Relaxed)).sum()
+    }
+
+    /// A commit that began at `started_ms` is confirmed (flushed and replicated): issuing
+    /// may go on until `started_ms + window_ahead_ms`.
+    pub fn confirm_until(&self, until_ms: u64) {
+        self.serve_until_ms.fetch_max(until_ms, Ordering::AcqRel);
+    }
+
+    pub fn serve_until_ms(&self) -> u64 {
+        self.serve_until_ms.load(Ordering::Acquire)
     }
 
     pub fn worker_pid(&self) -> i32 {
@@ -587,6 +602,7 @@ impl PgSharedMemoryInitialization for SharedSignals {
                     window: CacheLine(AtomicWindow::new()),
                     issued: [const { CacheLine(AtomicU64::new(0)) }; ISSUED_SLOTS],
                     first_grant_ms: CacheLine(AtomicU64::new(0)),
+                    serve_until_ms: CacheLine(AtomicU64::new(0)),
                     window_moved: UnsafeCell::new(std::mem::zeroed()),
                     requests_answered: UnsafeCell::new(std::mem::zeroed()),
                     worker_latch: AtomicPtr::new(std::ptr::null_mut()),

@@ -61,7 +61,7 @@ impl Status {
             worker_pid: (worker_pid != 0).then_some(worker_pid),
             worker_commits: st.worker_commits as i64,
             group_commits: header.group_commits as i64,
-            grouped_requests: header.grouped_calls as i64,
+            grouped_requests: header.grouped_requests as i64,
             live_leases: LEASE_BOUNDS.share().len as i64,
             sync_replication: crate::replica::sync_replication_configured(),
         };

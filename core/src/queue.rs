@@ -76,14 +76,14 @@ impl<R: Copy, P: Copy> Entry<R, P> {
 pub struct QueueHeader {
     /// The next generation handed out; starts at 1 so that 0 never names a call.
     pub next_generation: u64,
-    /// Group commits the worker made for calls, and the calls they carried.
+    /// Group commits the worker made for calls, and the requests they carried.
     pub group_commits: u64,
-    pub grouped_calls: u64,
+    pub grouped_requests: u64,
 }
 
 impl QueueHeader {
     pub const fn new() -> Self {
-        QueueHeader { next_generation: 1, group_commits: 0, grouped_calls: 0 }
+        QueueHeader { next_generation: 1, group_commits: 0, grouped_requests: 0 }
     }
 }
 

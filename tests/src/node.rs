@@ -771,7 +771,7 @@ fn default_settings() -> BTreeMap<String, String> {
 
 /// uid and gid of the `postgres` OS user (`TSORACLE_PG_USER` overrides the name), from
 /// /etc/passwd.
-fn pg_user() -> Result<(u32, u32)> {
+pub(crate) fn pg_user() -> Result<(u32, u32)> {
     static USER: OnceLock<std::result::Result<(u32, u32), String>> = OnceLock::new();
     USER.get_or_init(|| {
         let name = std::env::var("TSORACLE_PG_USER").unwrap_or_else(|_| "postgres".into());
@@ -803,7 +803,7 @@ fn sanitize(name: &str) -> String {
     }
 }
 
-fn make_base_dir(name: &str, uid: u32, gid: u32) -> Result<PathBuf> {
+pub(crate) fn make_base_dir(name: &str, uid: u32, gid: u32) -> Result<PathBuf> {
     static SEQ: AtomicU64 = AtomicU64::new(0);
     let root = std::env::var_os("TSORACLE_TEST_DIR")
         .map(PathBuf::from)
@@ -841,7 +841,7 @@ pub fn pick_port() -> Result<u16> {
     Err(HarnessError::Other("no free port".into()))
 }
 
-fn scrub_env(cmd: &mut Command) {
+pub(crate) fn scrub_env(cmd: &mut Command) {
     // RUST_BACKTRACE (set by cargo test runs) would make the extension attach backtraces
     // to error details, which a real server does not do.
     for v in ["PGDATA", "PGHOST", "PGHOSTADDR", "PGPORT", "PGUSER", "PGDATABASE", "PGOPTIONS", "PGPASSWORD", "PGSERVICE", "RUST_BACKTRACE", "RUST_LIB_BACKTRACE"] {
@@ -851,7 +851,7 @@ fn scrub_env(cmd: &mut Command) {
 }
 
 /// Run a command with a time bound; Ok(stdout) when it exits 0.
-fn run_cmd(mut cmd: Command, timeout: Duration) -> Result<String> {
+pub(crate) fn run_cmd(mut cmd: Command, timeout: Duration) -> Result<String> {
     let desc = format!("{cmd:?}");
     cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
     let mut child = cmd.spawn().map_err(|e| HarnessError::io(format!("spawn {desc}"), e))?;
@@ -970,11 +970,14 @@ fn descendants(pid: i32) -> Vec<i32> {
 /// SIGSTOP `pid` (so it cannot fork), collect its descendants, SIGKILL it and them.
 /// Returns the descendants' pids.
 fn kill_tree(pid: i32) -> Vec<i32> {
-    // SAFETY: kill(2) with a pid we own (our child) and its descendants.
+    // SAFETY: kill(2) only takes integers and reads or writes none of our memory; `pid` is
+    // our own child (a zombie until we reap it, so its pid cannot be reused meanwhile).
     unsafe {
         libc::kill(pid, libc::SIGSTOP);
     }
     let kids = descendants(pid);
+    // SAFETY: as above, kill(2) touches none of our memory. The descendants were read from
+    // /proc just now; one that has exited since only makes kill fail with ESRCH.
     unsafe {
         libc::kill(pid, libc::SIGKILL);
         for &k in &kids {

@@ -375,6 +375,7 @@ fn lease_session(
     shared_epoch: Option<Arc<AtomicI64>>,
     shared: Arc<Shared>,
     grants: History,
+    renewals: History,
     until: Instant,
 ) -> SessionResult {
     let mut rng = SplitMix64::from_entropy();
@@ -422,7 +423,7 @@ fn lease_session(
                         assert!(bound >= h.bound, "renew lowered the bound: {h:?} -> {bound}");
                         assert!(bound >= expires, "renew does not cover its TTL: {h:?} -> {bound}, expires {expires}");
                         assert!(expires >= t0 && expires <= t1 + 4_000, "{h:?} renewed to {expires} during {t0}..{t1}");
-                        grants.record_ok(start, Instant::now(), "renew", bound, 1);
+                        renewals.record_ok(start, Instant::now(), "renew", bound, 1);
                         held[i].bound = bound;
                         held[i].expires = expires;
                         *ops.entry("shared renew ok").or_default() += 1;
@@ -469,7 +470,7 @@ fn lease_session(
                         assert!(bound >= h.bound, "renew lowered the bound: {h:?} -> {bound}");
                         assert!(bound >= expires, "renew does not cover its TTL: {h:?} -> {bound}, expires {expires}");
                         assert!(expires >= t0 && expires <= t1 + 4_000);
-                        grants.record_ok(start, Instant::now(), "renew", bound, 1);
+                        renewals.record_ok(start, Instant::now(), "renew", bound, 1);
                         held[i].bound = bound;
                         held[i].expires = expires;
                         *ops.entry("renew ok").or_default() += 1;
@@ -590,8 +591,9 @@ fn lease_session(
 ///   (and `superseded` when the session superseded it itself);
 /// * no phantom: every row live at that moment is held by some session; no released lease
 ///   is there;
-/// * lease ids are unique, and every bound granted (acquire or renew) is unique and
-///   real-time ordered (each grant moves the durable high-water);
+/// * lease ids are unique, and every acquire's bound is unique and real-time ordered (each
+///   acquire moves the durable high-water); a renewal's bound is never below a grant made
+///   before it began (renewals do not stack, so it may equal one);
 /// * the frontier is at most every live bound; the `tso_next()` history is valid.
 #[test]
 fn concurrent_leases_are_never_lost() {
@@ -599,6 +601,7 @@ fn concurrent_leases_are_never_lost() {
     assert_eq!(alter_system(&node, "tsoracle.lease_ttl_min_ms", Some("200")).unwrap(), "200ms");
     let shared = Arc::new(Shared::default());
     let grants = History::new();
+    let renewals = History::new();
     let ts_history = History::new();
     let ts_load = Load::start(vec![node.endpoint()], LoadOptions::new(4, Duration::from_secs(5)), ops::tso_next(), ts_history.clone());
     let until = Instant::now() + Duration::from_secs(5);
@@ -612,11 +615,11 @@ fn concurrent_leases_are_never_lost() {
             let p = (i - 6) / 2;
             (format!("pair-{p}"), Some(pair_epochs[p].clone()))
         };
-        let (shared, grants) = (shared.clone(), grants.clone());
+        let (shared, grants, renewals) = (shared.clone(), grants.clone(), renewals.clone());
         threads.push(
             std::thread::Builder::new()
                 .name(format!("lease-{i}"))
-                .spawn(move || lease_session(c, holder, ep, shared, grants, until))
+                .spawn(move || lease_session(c, holder, ep, shared, grants, renewals, until))
                 .unwrap(),
         );
     }
@@ -657,6 +660,19 @@ fn concurrent_leases_are_never_lost() {
         }
     }
     let granted = grants.assert_valid();
+    // Renewals move the high-water to max(H, now + ttl), so they do not stack: a renewal's
+    // bound may equal an earlier grant's, but is never below one that ended before it began.
+    let acquired = grants.calls();
+    let renewed = renewals.calls();
+    for r in &renewed {
+        let bound = r.first().expect("renewals are recorded ok");
+        for g in acquired.iter().chain(&renewed).filter(|g| g.end < r.start) {
+            let earlier = g.first().expect("grants are recorded ok");
+            assert!(bound >= earlier, "a renewal's bound {bound} is below {earlier}, granted before it began");
+        }
+    }
+    let hw_now = durable_high_water(&mut c).unwrap().unwrap();
+    assert!(renewed.iter().all(|r| r.first().unwrap() <= hw_now), "a renewal bound above the durable high-water");
     let f = frontier(&mut c);
     let t = now_ms();
     let lowest = lease_rows(&mut c).values().filter(|r| r.expires > t).map(|r| r.bound).min();

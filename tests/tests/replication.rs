@@ -9,11 +9,12 @@
 //! with gaps explained only by errored calls).
 //!
 //! The load is moved to a new primary only once the old one can no longer answer (stopped or
-//! killed): PostgreSQL has no leadership lease, so an old primary that is still up may serve
-//! from the window it had already committed (never above it: it cannot commit without its
-//! synchronous standby). Those values are still below everything the new primary issues
-//! (test 1 checks it), but a client that talked to the new primary and *then* to the old one
-//! would see time go back; that is the split brain a failover procedure has to fence off.
+//! killed). An old primary that is still up may serve from the window it had already
+//! committed (never above it: it cannot commit without its synchronous standby), but only for
+//! `tsoracle.window_ahead_ms` after its last confirmed commit (the last test checks it). Those
+//! values are still below everything the new primary issues (test 1 checks it); a failover
+//! procedure that elects a new primary sooner than that after cutting the old one off would
+//! let a client see time go back (README: "Under Patroni").
 //!
 //! Run with: `cargo test -p tsoracle-tests --test replication -- --test-threads=1`
 
@@ -748,4 +749,46 @@ fn worker_row(c: &mut Client) -> String {
         ),
         Err(e) => pg_error_string(&e),
     }
+}
+
+/// A primary cut off from its synchronous standby stops issuing within
+/// `tsoracle.window_ahead_ms`, even though a lease left its committed window a minute ahead of
+/// the clock: issuing needs a commit the standby confirmed in the last window, and the worker
+/// cannot make one. Callers then get 57P03.
+#[test]
+fn a_primary_cut_off_from_its_standby_stops_issuing_within_the_window() {
+    let (mut primary, mut standby) = sync_pair("cutoff-primary", "cutoff-standby");
+    let window = 2_000u64;
+    primary.set_conf("tsoracle.window_ahead_ms", window).expect("window_ahead_ms");
+    primary.set_conf("tsoracle.extension_timeout_ms", 200).expect("extension_timeout_ms");
+    let mut c = primary.connect();
+    c.query("SELECT * FROM tso_lease_acquire('far', 1, 60000)", &[]).unwrap_or_else(|e| panic!("lease: {}", pg_error_string(&e)));
+    let hw = durable_high_water(&mut c).unwrap().unwrap();
+    assert!(hw >= tsoracle_tests::now_ms() + 50_000, "the lease put the high-water a minute ahead: {hw}");
+    // Let the last confirmation made under the old window size age out.
+    std::thread::sleep(Duration::from_millis(3_500));
+    tso_next(&mut c).unwrap_or_else(|e| panic!("tso_next before the cut: {}", pg_error_string(&e)));
+
+    standby.stop(StopMode::Immediate).expect("stop the standby");
+    let cut = Instant::now();
+    let (mut last_ok, mut refused) = (None, 0);
+    while cut.elapsed() < Duration::from_millis(window + 3_000) {
+        match tso_next(&mut c) {
+            Ok(_) => last_ok = Some(cut.elapsed()),
+            Err(e) => {
+                assert_eq!(e.code(), Some(&SqlState::CANNOT_CONNECT_NOW), "{}", pg_error_string(&e));
+                refused += 1;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    if let Some(last) = last_ok {
+        assert!(
+            last <= Duration::from_millis(window + 1_000),
+            "the cut-off primary still issued {last:?} after losing its standby (window_ahead_ms = {window})"
+        );
+    }
+    assert!(refused > 0, "the cut-off primary kept issuing");
+    let st = status_of(&mut c);
+    assert_eq!(st.state, "serving", "it has not failed over; it only stopped issuing: {st:?}");
 }

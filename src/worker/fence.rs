@@ -1,0 +1,151 @@
+//! The failover fence: nothing is served until a bound above every earlier one is durable.
+
+use super::{refuse, Worker};
+use crate::clock::now_ms;
+use crate::guc;
+use crate::shmem::{Phase, ORACLE};
+use pgrx::bgworkers::BackgroundWorker;
+use pgrx::prelude::*;
+use std::time::Instant;
+use tsoracle_core::lease::{Lease, LeaseTable};
+use tsoracle_core::timestamp::MAX_SQL_PHYSICAL_MS;
+
+impl Worker {
+    /// The failover fence (docs/worker.md): stop serving, load the durable high-water,
+    /// persist a bound above it at this timeline, reload the leases, seed the allocator,
+    /// serve. `min_floor_ms` > 0 is a `tso_seed()` request. False when the oracle cannot
+    /// serve at all (the high-water is at the top of the range): the worker then refuses
+    /// until shutdown instead of failing the fence again and again.
+    pub(super) fn fence(&mut self, min_floor_ms: u64) -> bool {
+        let started = Instant::now();
+        self.signals.window.close();
+        let remembered_ms = {
+            let mut st = ORACLE.exclusive();
+            st.allocator.step_down();
+            st.phase = Phase::Fencing;
+            st.max_committed_ms
+        };
+        self.signals.broadcast();
+
+        let timeline = unsafe { pg_sys::GetWALInsertionTimeLine() };
+        let commit_started_ms = now_ms();
+        let advance = guc::failover_advance_ms();
+        let fenced = BackgroundWorker::transaction(|| {
+            // No row only before the very first fence; a failed read is never taken for one.
+            let (prior, prior_epoch) = Spi::connect(|client| {
+                let rows = client.select("SELECT physical_ms, epoch FROM tsoracle.high_water WHERE id", None, &[])?;
+                if rows.is_empty() {
+                    Ok((None, None))
+                } else {
+                    rows.first().get_two::<i64, i64>()
+                }
+            })
+            .unwrap_or_else(|e| pgrx::error!("tsoracle fence could not read the high-water: {e}"));
+            let prior = prior.unwrap_or(0).max(0) as u64;
+            // A row written on an older timeline: this server was promoted since.
+            let promoted = prior_epoch.is_some_and(|e| e < i64::from(timeline));
+            crate::replica::warn_if_unprotected();
+            let now = now_ms();
+            let floor_ms = (prior.max(remembered_ms) + 1).max(now).max(min_floor_ms);
+            if floor_ms > MAX_SQL_PHYSICAL_MS {
+                return Err(format!(
+                    "the durable high-water ({prior} ms) is at the top of the timestamp range: no timestamp can be issued above it"
+                ));
+            }
+            let requested = floor_ms.saturating_add(advance).min(MAX_SQL_PHYSICAL_MS);
+            let (actual, epoch) = Spi::get_two_with_args::<i64, i64>(
+                "INSERT INTO tsoracle.high_water AS h (id, physical_ms, epoch) VALUES (true, $1, $2) \
+                 ON CONFLICT (id) DO UPDATE SET physical_ms = GREATEST(h.physical_ms, EXCLUDED.physical_ms), \
+                     epoch = GREATEST(h.epoch, EXCLUDED.epoch), updated_at = pg_catalog.now() \
+                 RETURNING physical_ms, epoch",
+                &[(requested as i64).into(), i64::from(timeline).into()],
+            )
+            .unwrap_or_else(|e| pgrx::error!("tsoracle fence could not persist the high-water: {e}"));
+            let leases = load_leases(now);
+            Ok((floor_ms, actual.unwrap_or(0).max(0) as u64, epoch.unwrap_or(0).max(0) as u64, leases, promoted))
+        });
+        let (floor_ms, high_water_ms, epoch, leases, promoted) = match fenced {
+            Ok(fenced) => fenced,
+            Err(why) => {
+                refuse(self.signals, &why);
+                return false;
+            }
+        };
+        // Committed (and flushed, and replicated where synchronous standbys are required).
+        crate::replica::confirm_replicated();
+        self.signals.confirm_until(commit_started_ms.saturating_add(guc::window_ahead_ms()));
+        self.leases = leases;
+        self.publish_lease_bounds();
+
+        {
+            let mut st = ORACLE.exclusive();
+            let seeded = st.allocator.become_leader(floor_ms, high_water_ms, epoch).and_then(|()| {
+                let bound = st.allocator.serving_bound_ms(now_ms(), guc::max_lead_ms());
+                self.signals.window.open(floor_ms, bound)
+            });
+            if let Err(e) = seeded {
+                drop(st);
+                pgrx::error!("tsoracle fence produced an invalid seed: {e}");
+            }
+            st.phase = Phase::Serving;
+            st.set_refusal("");
+            st.timeline = timeline;
+            st.max_committed_ms = st.max_committed_ms.max(high_water_ms);
+            st.fences += 1;
+            st.worker_commits += 1;
+            st.last_fence_us = started.elapsed().as_micros() as u64;
+            st.seeded_ms = st.seeded_ms.max(min_floor_ms);
+            st.last_fence_promoted = promoted;
+            self.signals.first_grant_ms.store(0, std::sync::atomic::Ordering::Relaxed);
+        }
+        self.signals.broadcast();
+        pgrx::log!(
+            "tsoracle fence complete: epoch {epoch} (timeline {timeline}), serving from {floor_ms} ms, high-water {high_water_ms} ms, {} live leases, took {:.1} ms",
+            self.leases.iter().filter(|l| l.is_live(now_ms())).count(),
+            started.elapsed().as_secs_f64() * 1000.0
+        );
+        true
+    }
+}
+
+/// An expired lease is kept (no longer live; renewing it says "expired", 55000) for
+/// `tsoracle.expired_lease_retention_ms`, then purged (renewing it then says "does not exist").
+pub(super) fn purge_horizon(now_ms: u64) -> u64 {
+    now_ms.saturating_sub(guc::expired_lease_retention_ms())
+}
+
+/// The durable leases, without those expired longer than the retention (deleted here).
+/// Holders are read as UTF-8 bytes, so that no row can make the fence fail.
+fn load_leases(now_ms: u64) -> LeaseTable {
+    let horizon = purge_horizon(now_ms);
+    Spi::run_with_args(
+        "DELETE FROM tsoracle.lease WHERE expires_at_ms OPERATOR(pg_catalog.<=) $1",
+        &[(horizon as i64).into()],
+    )
+    .unwrap_or_else(|e| pgrx::error!("tsoracle could not delete expired leases: {e}"));
+    let rows = Spi::connect(|client| {
+        client
+            .select(
+                "SELECT lease_id, pg_catalog.convert_to(holder, 'UTF8'), holder_epoch, ts_upper_bound_ms, \
+                        expires_at_ms, ttl_ms, superseded, owner::pg_catalog.oid::pg_catalog.int8 \
+                 FROM tsoracle.lease ORDER BY lease_id",
+                None,
+                &[],
+            )?
+            .map(|row| {
+                Ok(Lease {
+                    id: row.get::<i64>(1)?.unwrap_or(0),
+                    holder: String::from_utf8_lossy(&row.get::<Vec<u8>>(2)?.unwrap_or_default()).into_owned(),
+                    holder_epoch: row.get::<i64>(3)?.unwrap_or(0),
+                    ts_upper_bound_ms: row.get::<i64>(4)?.unwrap_or(0).max(0) as u64,
+                    expires_at_ms: row.get::<i64>(5)?.unwrap_or(0).max(0) as u64,
+                    ttl_ms: row.get::<i64>(6)?.unwrap_or(0).max(0) as u64,
+                    superseded: row.get::<bool>(7)?.unwrap_or(false),
+                    owner: u32::try_from(row.get::<i64>(8)?.unwrap_or(0)).unwrap_or(0),
+                })
+            })
+            .collect::<Result<Vec<Lease>, pgrx::spi::Error>>()
+    })
+    .unwrap_or_else(|e| pgrx::error!("tsoracle could not load the leases: {e}"));
+    LeaseTable::load(rows, horizon).unwrap_or_else(|e| pgrx::error!("tsoracle lease table is inconsistent: {e}"))
+}

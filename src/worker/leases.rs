@@ -1,0 +1,220 @@
+//! Leases: their part of a group commit, their expiry, and the bounds published for
+//! `tso_safe_frontier()`.
+
+use super::fence::purge_horizon;
+use super::requests::{denied, Checks};
+use super::{persist_high_water, Worker};
+use crate::clock::now_ms;
+use crate::shmem::{Reply, ReplyCode, Request, RequestKind, LEASE_BOUNDS, MAX_LEASES};
+use pgrx::bgworkers::BackgroundWorker;
+use pgrx::prelude::*;
+use tsoracle_core::allocator::WindowExtension;
+use tsoracle_core::error::CoreError;
+use tsoracle_core::lease::{AcquireOutcome, Lease, LeaseTable};
+use tsoracle_core::queue::Ticket;
+use tsoracle_core::timestamp::MAX_SQL_PHYSICAL_MS;
+
+impl Worker {
+    /// Purge leases expired longer than the retention from memory and from the table, and
+    /// keep the published bounds (and live count) current as leases lapse.
+    pub(super) fn expire_leases(&mut self) {
+        let now = now_ms();
+        let horizon = purge_horizon(now);
+        if self.leases.iter().any(|l| !l.is_live(horizon)) {
+            BackgroundWorker::transaction(|| {
+                Spi::run_with_args(
+                    "DELETE FROM tsoracle.lease WHERE expires_at_ms OPERATOR(pg_catalog.<=) $1",
+                    &[(horizon as i64).into()],
+                )
+            })
+            .unwrap_or_else(|e| pgrx::error!("tsoracle could not delete expired leases: {e}"));
+            self.leases.expire(horizon);
+        }
+        let live = self.leases.iter().filter(|l| l.is_live(now)).count();
+        if live != LEASE_BOUNDS.share().len {
+            self.publish_lease_bounds();
+        }
+    }
+
+    /// Publish the bounds of the live leases for `tso_safe_frontier()` in any backend.
+    pub(super) fn publish_lease_bounds(&self) {
+        let now = now_ms();
+        let mut bounds = LEASE_BOUNDS.exclusive();
+        let mut len = 0;
+        for lease in self.leases.iter().filter(|l| l.is_live(now)).take(MAX_LEASES) {
+            bounds.entries[len] = (lease.ts_upper_bound_ms, lease.expires_at_ms);
+            len += 1;
+        }
+        bounds.len = len;
+    }
+}
+
+/// The lease part of a group commit, in queue order, on the worker's copy of the table.
+/// Every acquire and renewal first moves the high-water to at least
+/// `max(high_water + 1, now + ttl)`, and its bound is that durable value. Returns the
+/// high-water after the group.
+pub(super) fn mutate_leases(
+    taken: &[(Ticket, Request)],
+    replies: &mut [Reply],
+    leases: &mut LeaseTable,
+    checks: &Checks,
+    now: u64,
+    high_water: u64,
+    epoch: u64,
+) -> u64 {
+    let mut high_water = high_water;
+    let mut writes: Vec<LeaseWrite> = Vec::new();
+    for (i, (_, r)) in taken.iter().enumerate() {
+        let reply = match r.kind {
+            RequestKind::LeaseAcquire if !checks.storable(r.name()) => Reply::err(ReplyCode::BadEncoding),
+            RequestKind::LeaseAcquire => {
+                let (holder, holder_epoch, ttl) = (r.name(), r.arg, r.count);
+                match leases.active_lease(holder, now) {
+                    // A holder name belongs to the role holding its live lease.
+                    Some(active) if !checks.may_manage(r.role, active.owner) => {
+                        denied(active.owner)
+                    }
+                    _ => {
+                        let bound = lease_bound(high_water, now, ttl);
+                        match leases.plan_acquire(holder, holder_epoch, ttl, now, bound, bound as i64, r.role) {
+                            Ok(AcquireOutcome::Existing(lease)) => lease_reply(&lease, epoch),
+                            Ok(AcquireOutcome::New { .. })
+                                if leases.iter().filter(|l| l.is_live(now)).count() >= MAX_LEASES =>
+                            {
+                                Reply::err(ReplyCode::TooManyLeases)
+                            }
+                            Ok(AcquireOutcome::New { lease, superseded }) => {
+                                leases.apply_acquire(&AcquireOutcome::New { lease: lease.clone(), superseded });
+                                high_water = bound;
+                                if let Some(old) = superseded {
+                                    writes.push(LeaseWrite::Supersede(old));
+                                }
+                                let reply = lease_reply(&lease, epoch);
+                                writes.push(LeaseWrite::Insert(lease));
+                                reply
+                            }
+                            Err(e) => lease_error_reply(&e),
+                        }
+                    }
+                }
+            }
+            RequestKind::LeaseRenew => match leases.get(r.arg).map(|l| (l.ttl_ms, l.owner)) {
+                Some((_, owner)) if !checks.may_manage(r.role, owner) => denied(owner),
+                found => {
+                    let ttl = found.map_or(0, |(ttl, _)| ttl);
+                    let bound = renewal_bound(high_water, now, ttl);
+                    match leases.renew(r.arg, ttl, now, bound) {
+                        Ok(lease) => {
+                            high_water = high_water.max(bound);
+                            let reply = lease_reply(&lease, epoch);
+                            writes.push(LeaseWrite::Renew(lease));
+                            reply
+                        }
+                        Err(e) => lease_error_reply(&e),
+                    }
+                }
+            },
+            RequestKind::LeaseRelease => match leases.get(r.arg).map(|l| l.owner) {
+                Some(owner) if !checks.may_manage(r.role, owner) => denied(owner),
+                _ => {
+                    if leases.release(r.arg).is_some() {
+                        writes.push(LeaseWrite::Delete(r.arg));
+                    }
+                    Reply::ok(r.arg)
+                }
+            },
+            RequestKind::SeqAdvance | RequestKind::SeqPeek | RequestKind::SeqDrop => continue,
+        };
+        replies[i] = reply;
+    }
+    if writes.is_empty() {
+        return high_water;
+    }
+    // The bounds must be durable before (in the same commit as) the leases that carry them.
+    if high_water > 0 {
+        let extension = WindowExtension { requested_ms: high_water, epoch };
+        match persist_high_water(extension) {
+            Some(actual) if actual >= high_water => high_water = actual,
+            _ => pgrx::error!("tsoracle high-water row is missing or at another epoch; leases not granted"),
+        }
+    }
+    for write in writes {
+        write.execute();
+    }
+    high_water
+}
+
+/// A new lease's bound, which is also its id: the high-water moved to at least
+/// `max(high_water + 1, now + ttl)`, so ids are unique (each is above every earlier bound)
+/// and grants do not stack (the high-water moves no further than `now + ttl` unless it is
+/// already there).
+fn lease_bound(high_water: u64, now: u64, ttl: u64) -> u64 {
+    high_water.saturating_add(1).max(now.saturating_add(ttl)).min(MAX_SQL_PHYSICAL_MS)
+}
+
+/// A renewal's bound: `max(high_water, now + ttl)` (a renewal makes no id). However often a
+/// lease is renewed, the high-water ends no further than `now + ttl`.
+fn renewal_bound(high_water: u64, now: u64, ttl: u64) -> u64 {
+    high_water.max(now.saturating_add(ttl)).min(MAX_SQL_PHYSICAL_MS)
+}
+
+fn lease_error_reply(error: &CoreError) -> Reply {
+    Reply::err(match error {
+        CoreError::StaleHolderEpoch { .. } => ReplyCode::StaleHolderEpoch,
+        CoreError::LeaseNotFound(_) => ReplyCode::LeaseNotFound,
+        CoreError::LeaseNotRenewable(_) => ReplyCode::LeaseNotRenewable,
+        _ => ReplyCode::Unknown,
+    })
+}
+
+fn lease_reply(lease: &Lease, epoch: u64) -> Reply {
+    Reply {
+        code: ReplyCode::Ok,
+        value: lease.id,
+        bound_ms: lease.ts_upper_bound_ms as i64,
+        expires_at_ms: lease.expires_at_ms as i64,
+        epoch: epoch as i64,
+    }
+}
+
+/// One change to `tsoracle.lease`, made inside the group's transaction.
+enum LeaseWrite {
+    Insert(Lease),
+    Supersede(i64),
+    Renew(Lease),
+    Delete(i64),
+}
+
+impl LeaseWrite {
+    fn execute(self) {
+        let result = match self {
+            LeaseWrite::Insert(l) => Spi::run_with_args(
+                "INSERT INTO tsoracle.lease (lease_id, holder, holder_epoch, ts_upper_bound_ms, expires_at_ms, ttl_ms, owner) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7::pg_catalog.oid::pg_catalog.regrole)",
+                &[
+                    l.id.into(),
+                    l.holder.into(),
+                    l.holder_epoch.into(),
+                    (l.ts_upper_bound_ms as i64).into(),
+                    (l.expires_at_ms as i64).into(),
+                    (l.ttl_ms as i64).into(),
+                    i64::from(l.owner).into(),
+                ],
+            ),
+            LeaseWrite::Supersede(id) => Spi::run_with_args(
+                "UPDATE tsoracle.lease SET superseded = true WHERE lease_id OPERATOR(pg_catalog.=) $1",
+                &[id.into()],
+            ),
+            LeaseWrite::Renew(l) => Spi::run_with_args(
+                "UPDATE tsoracle.lease SET ts_upper_bound_ms = $2, expires_at_ms = $3, renewed_at = pg_catalog.now() \
+                 WHERE lease_id OPERATOR(pg_catalog.=) $1",
+                &[l.id.into(), (l.ts_upper_bound_ms as i64).into(), (l.expires_at_ms as i64).into()],
+            ),
+            LeaseWrite::Delete(id) => Spi::run_with_args(
+                "DELETE FROM tsoracle.lease WHERE lease_id OPERATOR(pg_catalog.=) $1",
+                &[id.into()],
+            ),
+        };
+        result.unwrap_or_else(|e| pgrx::error!("tsoracle could not write a lease: {e}"));
+    }
+}
