@@ -25,7 +25,9 @@ fn tso_next_batch(count: i32) -> i64 {
 
 fn checked_ts(ts: i64) -> u64 {
     timestamp::from_sql(ts)
-        .map_err(|_| TsoError::InvalidArgument(format!("{ts} is not a tsoracle timestamp (it is negative)")))
+        .map_err(|_| {
+            TsoError::InvalidArgument(format!("{ts} is not a tsoracle timestamp (it is negative)"))
+        })
         .or_report()
 }
 
@@ -47,7 +49,11 @@ fn tso_to_timestamptz(ts: i64) -> TimestampWithTimeZone {
     let ms = timestamp::physical_ms(checked_ts(ts)) as i64;
     let pg_us = ms * 1000 - PG_EPOCH_OFFSET_US;
     TimestampWithTimeZone::try_from(pg_us)
-        .map_err(|e| TsoError::DatetimeOutOfRange(format!("timestamp {ts} is out of range for timestamptz: {e}")))
+        .map_err(|e| {
+            TsoError::DatetimeOutOfRange(format!(
+                "timestamp {ts} is out of range for timestamptz: {e}"
+            ))
+        })
         .or_report()
 }
 
@@ -55,20 +61,29 @@ fn tso_to_timestamptz(ts: i64) -> TimestampWithTimeZone {
 #[pg_extern(immutable, parallel_safe, strict)]
 fn tso_from_timestamptz(t: TimestampWithTimeZone) -> i64 {
     if t.is_infinity() || t.is_neg_infinity() {
-        TsoError::DatetimeOutOfRange("infinite timestamptz has no tsoracle timestamp".into()).report();
+        TsoError::DatetimeOutOfRange("infinite timestamptz has no tsoracle timestamp".into())
+            .report();
     }
     let pg_us: i64 = t.into_inner();
     let ms = (pg_us + PG_EPOCH_OFFSET_US).div_euclid(1000);
     let ms = u64::try_from(ms)
-        .map_err(|_| TsoError::DatetimeOutOfRange(format!("{t} is before 1970-01-01, the start of tsoracle time")))
+        .map_err(|_| {
+            TsoError::DatetimeOutOfRange(format!(
+                "{t} is before 1970-01-01, the start of tsoracle time"
+            ))
+        })
         .or_report();
     if ms > timestamp::MAX_SQL_PHYSICAL_MS {
-        TsoError::DatetimeOutOfRange(format!("{t} is after the last millisecond a tsoracle timestamp can hold (in the year 3084)"))
-            .report();
+        TsoError::DatetimeOutOfRange(format!(
+            "{t} is after the last millisecond a tsoracle timestamp can hold (in the year 3084)"
+        ))
+        .report();
     }
     timestamp::pack(ms, 0)
         .map(timestamp::to_sql)
-        .map_err(|_| TsoError::DatetimeOutOfRange(format!("{t} is beyond the 46-bit millisecond range")))
+        .map_err(|_| {
+            TsoError::DatetimeOutOfRange(format!("{t} is beyond the 46-bit millisecond range"))
+        })
         .or_report()
 }
 
@@ -107,8 +122,13 @@ fn seed(physical_ms: i64) -> Result<i64, TsoError> {
     })?;
     match done {
         Some(high_water) => Ok(high_water as i64),
-        None if last_phase != shmem::Phase::Serving => Err(oracle::not_serving(signals, last_phase)),
-        None => Err(TsoError::WorkerTimeout { waited_ms: guc::extension_timeout_ms(), what: "persist the seed" }),
+        None if last_phase != shmem::Phase::Serving => {
+            Err(oracle::not_serving(signals, last_phase))
+        }
+        None => Err(TsoError::WorkerTimeout {
+            waited_ms: guc::extension_timeout_ms(),
+            what: "persist the seed",
+        }),
     }
 }
 
@@ -135,7 +155,10 @@ mod tests {
         let physical = physical_ms(prev as u64);
         let now = now_ms();
         // Never far behind the clock; ahead by at most the window.
-        assert!(physical + 5_000 >= now && physical <= now + 60_000, "physical {physical} vs now {now}");
+        assert!(
+            physical + 5_000 >= now && physical <= now + 60_000,
+            "physical {physical} vs now {now}"
+        );
     }
 
     #[pg_test]
@@ -157,7 +180,9 @@ mod tests {
     #[pg_test]
     fn next_through_sql_is_increasing() {
         let a = Spi::get_one::<i64>("SELECT tso_next()").unwrap().unwrap();
-        let b = Spi::get_one::<i64>("SELECT max(tso_next()) FROM generate_series(1, 100)").unwrap().unwrap();
+        let b = Spi::get_one::<i64>("SELECT max(tso_next()) FROM generate_series(1, 100)")
+            .unwrap()
+            .unwrap();
         assert!(b > a);
     }
 
@@ -181,7 +206,8 @@ mod tests {
         assert!(back <= ts);
         assert_eq!(tso_physical(0), 0);
         assert_eq!(tso_logical((5 << 18) | 7), 7);
-        let epoch = Spi::get_one::<i64>("SELECT tso_from_timestamptz('1970-01-01 00:00:01+00')").unwrap();
+        let epoch =
+            Spi::get_one::<i64>("SELECT tso_from_timestamptz('1970-01-01 00:00:01+00')").unwrap();
         assert_eq!(epoch, Some(1000 << 18));
     }
 
@@ -194,20 +220,35 @@ mod tests {
 
     #[pg_test]
     fn timestamptz_outside_tsoracle_time_is_22008() {
-        let before_1970 = Spi::get_one::<TimestampWithTimeZone>("SELECT '1969-12-31 23:59:59+00'::timestamptz")
+        let before_1970 =
+            Spi::get_one::<TimestampWithTimeZone>("SELECT '1969-12-31 23:59:59+00'::timestamptz")
+                .unwrap()
+                .unwrap();
+        assert_eq!(
+            sqlstate_of(|| tso_from_timestamptz(before_1970)),
+            ERRCODE_DATETIME_FIELD_OVERFLOW
+        );
+        let inf = Spi::get_one::<TimestampWithTimeZone>("SELECT 'infinity'::timestamptz")
             .unwrap()
             .unwrap();
-        assert_eq!(sqlstate_of(|| tso_from_timestamptz(before_1970)), ERRCODE_DATETIME_FIELD_OVERFLOW);
-        let inf = Spi::get_one::<TimestampWithTimeZone>("SELECT 'infinity'::timestamptz").unwrap().unwrap();
         assert_eq!(sqlstate_of(|| tso_from_timestamptz(inf)), ERRCODE_DATETIME_FIELD_OVERFLOW);
         // Past the last millisecond a bigint timestamp holds (year 3084), up to the 46-bit limit.
         for year in ["3085-01-01", "3500-06-01", "4199-01-01"] {
-            let t = Spi::get_one::<TimestampWithTimeZone>(&format!("SELECT '{year} 00:00:00+00'::timestamptz"))
+            let t = Spi::get_one::<TimestampWithTimeZone>(&format!(
+                "SELECT '{year} 00:00:00+00'::timestamptz"
+            ))
+            .unwrap()
+            .unwrap();
+            assert_eq!(
+                sqlstate_of(move || tso_from_timestamptz(t)),
+                ERRCODE_DATETIME_FIELD_OVERFLOW,
+                "{year}"
+            );
+        }
+        let last =
+            Spi::get_one::<TimestampWithTimeZone>("SELECT '3084-01-01 00:00:00+00'::timestamptz")
                 .unwrap()
                 .unwrap();
-            assert_eq!(sqlstate_of(move || tso_from_timestamptz(t)), ERRCODE_DATETIME_FIELD_OVERFLOW, "{year}");
-        }
-        let last = Spi::get_one::<TimestampWithTimeZone>("SELECT '3084-01-01 00:00:00+00'::timestamptz").unwrap().unwrap();
         let ts = tso_from_timestamptz(last);
         assert!(ts > 0 && ts < i64::MAX, "3084-01-01 is still representable: {ts}");
     }
@@ -215,11 +256,12 @@ mod tests {
     #[pg_test]
     fn status_reports_a_serving_primary() {
         tso_next();
-        let (role, state, high_water, floor, issued, fences, pid) = Spi::get_three::<String, String, i64>(
-            "SELECT role, state, high_water_ms FROM tso_status()",
-        )
-        .map(|(r, s, h)| (r.unwrap(), s.unwrap(), h.unwrap(), 0, 0, 0, 0))
-        .unwrap();
+        let (role, state, high_water, floor, issued, fences, pid) =
+            Spi::get_three::<String, String, i64>(
+                "SELECT role, state, high_water_ms FROM tso_status()",
+            )
+            .map(|(r, s, h)| (r.unwrap(), s.unwrap(), h.unwrap(), 0, 0, 0, 0))
+            .unwrap();
         let _ = (floor, issued, fences, pid);
         assert_eq!(role, "primary");
         assert_eq!(state, "serving");
@@ -231,7 +273,8 @@ mod tests {
         assert!(issued.unwrap() >= 1);
         assert!(fences.unwrap() >= 1);
         assert!(worker_pid.unwrap() > 0);
-        let durable = Spi::get_one::<i64>("SELECT physical_ms FROM tsoracle.high_water").unwrap().unwrap();
+        let durable =
+            Spi::get_one::<i64>("SELECT physical_ms FROM tsoracle.high_water").unwrap().unwrap();
         assert!(durable >= high_water, "the durable row {durable} covers the window {high_water}");
     }
 
@@ -271,7 +314,9 @@ mod tests {
         for table in ["tsoracle.high_water", "tsoracle.seq", "tsoracle.lease"] {
             for privilege in ["INSERT", "UPDATE", "DELETE", "TRUNCATE"] {
                 assert!(
-                    !check(&format!("SELECT has_table_privilege('tso_reader', '{table}', '{privilege}')")),
+                    !check(&format!(
+                        "SELECT has_table_privilege('tso_reader', '{table}', '{privilege}')"
+                    )),
                     "{privilege} on {table} must not be granted"
                 );
             }
@@ -280,7 +325,9 @@ mod tests {
         assert!(check("SELECT has_table_privilege('tso_reader', 'tsoracle.high_water', 'SELECT')"));
         assert!(!check("SELECT has_table_privilege('tso_reader', 'tsoracle.seq', 'SELECT')"));
         assert!(!check("SELECT has_table_privilege('tso_reader', 'tsoracle.lease', 'SELECT')"));
-        assert!(!check("SELECT has_function_privilege('tso_reader', 'tso_seed(bigint)', 'EXECUTE')"));
+        assert!(!check(
+            "SELECT has_function_privilege('tso_reader', 'tso_seed(bigint)', 'EXECUTE')"
+        ));
         assert!(check("SELECT has_function_privilege('tso_reader', 'tso_next()', 'EXECUTE')"));
         assert!(check("SELECT has_function_privilege('tso_reader', 'tso_status()', 'EXECUTE')"));
     }

@@ -97,8 +97,11 @@ impl TsoError {
 
     /// Raise this error as a PostgreSQL ERROR (never returns).
     pub fn report(self) -> ! {
-        let mut report =
-            pgrx::pg_sys::panic::ErrorReport::new(self.sqlstate(), self.to_string(), pgrx::function_name!());
+        let mut report = pgrx::pg_sys::panic::ErrorReport::new(
+            self.sqlstate(),
+            self.to_string(),
+            pgrx::function_name!(),
+        );
         if let Some(hint) = self.hint() {
             report = report.set_hint(hint);
         }

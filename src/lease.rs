@@ -5,13 +5,21 @@
 use crate::clock::now_ms;
 use crate::error::{OrReport, TsoError};
 use crate::guc;
-use crate::oracle::{check_storable, ensure_primary, not_serving, reply_error, submit, wait_for_worker};
-use crate::shmem::{self, Phase, Reply, ReplyCode, Request, RequestKind, LEASE_BOUNDS, MAX_LEASES, ORACLE};
+use crate::oracle::{
+    check_storable, ensure_primary, not_serving, reply_error, submit, wait_for_worker,
+};
+use crate::shmem::{
+    self, Phase, Reply, ReplyCode, Request, RequestKind, LEASE_BOUNDS, MAX_LEASES, ORACLE,
+};
 use pgrx::prelude::*;
 use tsoracle_core::lease::{validate_holder, validate_ttl};
 
 fn lease_error(reply: &Reply, lease_id: i64, holder: &str) -> TsoError {
-    let what = if holder.is_empty() { format!("lease {lease_id}") } else { format!("lease holder \"{holder}\"") };
+    let what = if holder.is_empty() {
+        format!("lease {lease_id}")
+    } else {
+        format!("lease holder \"{holder}\"")
+    };
     if let Some(e) = reply_error(reply, &what) {
         return e;
     }
@@ -20,9 +28,9 @@ fn lease_error(reply: &Reply, lease_id: i64, holder: &str) -> TsoError {
             "holder \"{holder}\" already holds a lease at a higher holder_epoch"
         )),
         ReplyCode::LeaseNotFound => TsoError::NotFound(format!("lease {lease_id} does not exist")),
-        ReplyCode::LeaseNotRenewable => {
-            TsoError::StaleLease(format!("lease {lease_id} is expired or superseded and cannot be renewed"))
-        }
+        ReplyCode::LeaseNotRenewable => TsoError::StaleLease(format!(
+            "lease {lease_id} is expired or superseded and cannot be renewed"
+        )),
         ReplyCode::TooManyLeases => TsoError::TooManyLeases(MAX_LEASES),
         other => TsoError::Internal(format!("unexpected reply to a lease request: {other:?}")),
     }
@@ -41,20 +49,33 @@ fn tso_lease_acquire(
     ttl_ms: Option<i32>,
 ) -> TableIterator<
     'static,
-    (name!(lease_id, i64), name!(ts_upper_bound, i64), name!(expires_at_ms, i64), name!(epoch, i32)),
+    (
+        name!(lease_id, i64),
+        name!(ts_upper_bound, i64),
+        name!(expires_at_ms, i64),
+        name!(epoch, i32),
+    ),
 > {
     TableIterator::once(acquire(holder, holder_epoch, ttl_ms).or_report())
 }
 
-fn acquire(holder: Option<&str>, holder_epoch: Option<i64>, ttl_ms: Option<i32>) -> Result<(i64, i64, i64, i32), TsoError> {
-    let holder = holder.ok_or_else(|| TsoError::InvalidArgument("holder must not be NULL".into()))?;
+fn acquire(
+    holder: Option<&str>,
+    holder_epoch: Option<i64>,
+    ttl_ms: Option<i32>,
+) -> Result<(i64, i64, i64, i32), TsoError> {
+    let holder =
+        holder.ok_or_else(|| TsoError::InvalidArgument("holder must not be NULL".into()))?;
     validate_holder(holder)?;
     check_storable(holder, "lease holder")?;
-    let holder_epoch = holder_epoch.ok_or_else(|| TsoError::InvalidArgument("holder_epoch must not be NULL".into()))?;
-    let ttl_ms = ttl_ms.ok_or_else(|| TsoError::InvalidArgument("ttl_ms must not be NULL".into()))?;
+    let holder_epoch = holder_epoch
+        .ok_or_else(|| TsoError::InvalidArgument("holder_epoch must not be NULL".into()))?;
+    let ttl_ms =
+        ttl_ms.ok_or_else(|| TsoError::InvalidArgument("ttl_ms must not be NULL".into()))?;
     let ttl = validate_ttl(i64::from(ttl_ms), guc::lease_ttl_min_ms(), guc::lease_ttl_max_ms())?;
     ensure_primary("grant leases")?;
-    let reply = one_reply(Request::new(RequestKind::LeaseAcquire, holder, ttl).with_arg(holder_epoch))?;
+    let reply =
+        one_reply(Request::new(RequestKind::LeaseAcquire, holder, ttl).with_arg(holder_epoch))?;
     match reply.code {
         ReplyCode::Ok => Ok((reply.value, reply.bound_ms, reply.expires_at_ms, reply.epoch as i32)),
         _ => Err(lease_error(&reply, 0, holder)),
@@ -66,7 +87,10 @@ fn acquire(holder: Option<&str>, holder_epoch: Option<i64>, ttl_ms: Option<i32>)
 #[pg_extern(volatile, parallel_unsafe, strict)]
 fn tso_lease_renew(
     lease_id: i64,
-) -> TableIterator<'static, (name!(ts_upper_bound, i64), name!(expires_at_ms, i64), name!(epoch, i32))> {
+) -> TableIterator<
+    'static,
+    (name!(ts_upper_bound, i64), name!(expires_at_ms, i64), name!(epoch, i32)),
+> {
     TableIterator::once(renew(lease_id).or_report())
 }
 
@@ -134,7 +158,8 @@ mod tests {
         assert_eq!(id, bound, "the id is the acquire-time bound");
         assert!(expires >= now + 10_000 && expires <= now_ms() as i64 + 10_000);
         assert!(epoch >= 1);
-        let durable = Spi::get_one::<i64>("SELECT physical_ms FROM tsoracle.high_water").unwrap().unwrap();
+        let durable =
+            Spi::get_one::<i64>("SELECT physical_ms FROM tsoracle.high_water").unwrap().unwrap();
         assert!(durable >= bound, "the bound is durable");
         let row = Spi::get_one_with_args::<i64>(
             "SELECT ts_upper_bound_ms FROM tsoracle.lease WHERE lease_id = $1",
@@ -143,7 +168,10 @@ mod tests {
         .unwrap();
         assert_eq!(row, Some(bound), "the lease record is durable");
         // Same holder and epoch while live: the same lease, no new bound.
-        assert_eq!(acquire(Some("idem"), Some(1), Some(10_000)).unwrap(), (id, bound, expires, epoch));
+        assert_eq!(
+            acquire(Some("idem"), Some(1), Some(10_000)).unwrap(),
+            (id, bound, expires, epoch)
+        );
         assert!(tso_safe_frontier() <= bound);
         release(id).unwrap();
     }
@@ -160,9 +188,16 @@ mod tests {
         )
         .unwrap();
         assert_eq!(superseded, Some(true));
-        assert_eq!(sqlstate_of(|| renew(old).or_report()), ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE, "superseded cannot renew");
+        assert_eq!(
+            sqlstate_of(|| renew(old).or_report()),
+            ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+            "superseded cannot renew"
+        );
         assert!(tso_safe_frontier() <= old_bound, "a superseded lease still holds the frontier");
-        assert_eq!(sqlstate_of(|| acquire(Some("sup"), Some(4), Some(10_000)).or_report()), ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE);
+        assert_eq!(
+            sqlstate_of(|| acquire(Some("sup"), Some(4), Some(10_000)).or_report()),
+            ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE
+        );
         // A renewal re-arms the TTL from now: its bound covers now + ttl and never goes back
         // (it moves the high-water to max(high_water, now + ttl), so renewals do not stack).
         let before_renew = now_ms() as i64;
@@ -182,21 +217,44 @@ mod tests {
         release(42).unwrap();
         assert_eq!(sqlstate_of(|| renew(id).or_report()), ERRCODE_NO_DATA_FOUND);
         assert_eq!(sqlstate_of(|| renew(-1).or_report()), ERRCODE_NO_DATA_FOUND);
-        let gone = Spi::get_one_with_args::<i64>("SELECT count(*) FROM tsoracle.lease WHERE lease_id = $1", &[id.into()]).unwrap();
+        let gone = Spi::get_one_with_args::<i64>(
+            "SELECT count(*) FROM tsoracle.lease WHERE lease_id = $1",
+            &[id.into()],
+        )
+        .unwrap();
         assert_eq!(gone, Some(0));
     }
 
     #[pg_test]
     fn bad_lease_arguments_are_22023() {
         for ttl in [4_999, 300_001, 0, -1] {
-            assert_eq!(sqlstate_of(move || acquire(Some("bad"), Some(1), Some(ttl)).or_report()), ERRCODE_INVALID_PARAMETER_VALUE, "ttl {ttl}");
+            assert_eq!(
+                sqlstate_of(move || acquire(Some("bad"), Some(1), Some(ttl)).or_report()),
+                ERRCODE_INVALID_PARAMETER_VALUE,
+                "ttl {ttl}"
+            );
         }
-        assert_eq!(sqlstate_of(|| acquire(Some("bad"), Some(1), None).or_report()), ERRCODE_INVALID_PARAMETER_VALUE);
-        assert_eq!(sqlstate_of(|| acquire(Some(""), Some(1), Some(10_000)).or_report()), ERRCODE_INVALID_PARAMETER_VALUE);
-        assert_eq!(sqlstate_of(|| acquire(None, Some(1), Some(10_000)).or_report()), ERRCODE_INVALID_PARAMETER_VALUE);
-        assert_eq!(sqlstate_of(|| acquire(Some("bad"), None, Some(10_000)).or_report()), ERRCODE_INVALID_PARAMETER_VALUE);
+        assert_eq!(
+            sqlstate_of(|| acquire(Some("bad"), Some(1), None).or_report()),
+            ERRCODE_INVALID_PARAMETER_VALUE
+        );
+        assert_eq!(
+            sqlstate_of(|| acquire(Some(""), Some(1), Some(10_000)).or_report()),
+            ERRCODE_INVALID_PARAMETER_VALUE
+        );
+        assert_eq!(
+            sqlstate_of(|| acquire(None, Some(1), Some(10_000)).or_report()),
+            ERRCODE_INVALID_PARAMETER_VALUE
+        );
+        assert_eq!(
+            sqlstate_of(|| acquire(Some("bad"), None, Some(10_000)).or_report()),
+            ERRCODE_INVALID_PARAMETER_VALUE
+        );
         let long = "h".repeat(129);
-        assert_eq!(sqlstate_of(move || acquire(Some(&long), Some(1), Some(10_000)).or_report()), ERRCODE_INVALID_PARAMETER_VALUE);
+        assert_eq!(
+            sqlstate_of(move || acquire(Some(&long), Some(1), Some(10_000)).or_report()),
+            ERRCODE_INVALID_PARAMETER_VALUE
+        );
     }
 
     #[pg_test]
@@ -210,9 +268,17 @@ mod tests {
     fn leases_are_a_privilege() {
         Spi::run("CREATE ROLE tso_no_lease NOLOGIN; CREATE ROLE tso_lessee NOLOGIN IN ROLE tsoracle_lease_holder").unwrap();
         let can = |role: &str, f: &str| {
-            Spi::get_one::<bool>(&format!("SELECT has_function_privilege('{role}', '{f}', 'EXECUTE')")).unwrap().unwrap()
+            Spi::get_one::<bool>(&format!(
+                "SELECT has_function_privilege('{role}', '{f}', 'EXECUTE')"
+            ))
+            .unwrap()
+            .unwrap()
         };
-        for f in ["tso_lease_acquire(text, bigint, integer)", "tso_lease_renew(bigint)", "tso_lease_release(bigint)"] {
+        for f in [
+            "tso_lease_acquire(text, bigint, integer)",
+            "tso_lease_renew(bigint)",
+            "tso_lease_release(bigint)",
+        ] {
             assert!(!can("tso_no_lease", f), "PUBLIC must not execute {f}");
             assert!(can("tso_lessee", f), "tsoracle_lease_holder executes {f}");
         }

@@ -10,13 +10,13 @@
 use pgrx::prelude::*;
 
 mod api;
-mod restore;
 mod clock;
 mod error;
 mod guc;
 mod lease;
 mod oracle;
 mod replica;
+mod restore;
 mod seq;
 mod shmem;
 mod status;

@@ -63,15 +63,19 @@ fn try_grant(signals: &Signals, count: u32) -> Result<Result<u64, Blocked>, TsoE
 pub fn next(count: i64) -> Result<u64, TsoError> {
     let signals = shmem::signals()?;
     ensure_primary("issue timestamps")?;
-    let count = u32::try_from(count)
-        .ok()
-        .filter(|c| (1..=MAX_BATCH).contains(c))
-        .ok_or_else(|| TsoError::InvalidArgument(format!("count must be between 1 and {MAX_BATCH}, got {count}")))?;
+    let count =
+        u32::try_from(count).ok().filter(|c| (1..=MAX_BATCH).contains(c)).ok_or_else(|| {
+            TsoError::InvalidArgument(format!(
+                "count must be between 1 and {MAX_BATCH}, got {count}"
+            ))
+        })?;
 
     let blocked = match try_grant(signals, count)? {
         Ok(first) => return Ok(first),
         // Waiting cannot help: say why at once.
-        Err(Blocked::NotServing(Phase::Refused)) => return Err(not_serving(signals, Phase::Refused)),
+        Err(Blocked::NotServing(Phase::Refused)) => {
+            return Err(not_serving(signals, Phase::Refused))
+        }
         Err(blocked) => blocked,
     };
     let mut last_block = blocked;
@@ -91,7 +95,9 @@ pub fn next(count: i64) -> Result<u64, TsoError> {
             Blocked::NotServing(phase) => not_serving(signals, phase),
             Blocked::Exhausted => match ORACLE.share().refusal() {
                 Some(why) => TsoError::NotServing(why),
-                None if ORACLE.share().phase != Phase::Serving => not_serving(signals, ORACLE.share().phase),
+                None if ORACLE.share().phase != Phase::Serving => {
+                    not_serving(signals, ORACLE.share().phase)
+                }
                 None => TsoError::WorkerTimeout {
                     waited_ms: guc::extension_timeout_ms(),
                     what: "extend the timestamp window",
@@ -173,7 +179,9 @@ fn wait_on<T>(
 
 /// Like `wait_on`, but on this backend's own latch, which the worker sets when it has
 /// answered our requests (PostgreSQL's synchronous replication waits the same way).
-fn wait_on_latch<T>(mut poll: impl FnMut() -> Result<Option<T>, TsoError>) -> Result<Option<T>, TsoError> {
+fn wait_on_latch<T>(
+    mut poll: impl FnMut() -> Result<Option<T>, TsoError>,
+) -> Result<Option<T>, TsoError> {
     let timeout_ms = guc::extension_timeout_ms();
     let started = Instant::now();
     loop {
@@ -250,7 +258,10 @@ pub fn submit(requests: &[Request]) -> Result<Vec<Reply>, TsoError> {
             } else if phase != Phase::Serving {
                 not_serving(signals, phase)
             } else {
-                TsoError::WorkerTimeout { waited_ms: guc::extension_timeout_ms(), what: "take the request" }
+                TsoError::WorkerTimeout {
+                    waited_ms: guc::extension_timeout_ms(),
+                    what: "take the request",
+                }
             })
         }
     }
@@ -289,7 +300,9 @@ fn release_entry_at_exit() {
     static REGISTERED: AtomicBool = AtomicBool::new(false);
     if !REGISTERED.swap(true, Ordering::Relaxed) {
         // SAFETY: registering a callback with a static function and no argument.
-        unsafe { pg_sys::before_shmem_exit(Some(release_queue_entry), pg_sys::Datum::from(0usize)) };
+        unsafe {
+            pg_sys::before_shmem_exit(Some(release_queue_entry), pg_sys::Datum::from(0usize))
+        };
     }
 }
 

@@ -36,7 +36,8 @@ fn conninfo_pairs(s: &str) -> Vec<(String, String)> {
         while chars.peek().is_some_and(|c| c.is_whitespace()) {
             chars.next();
         }
-        let key: String = chars.by_ref().take_while(|&c| c != '=').collect::<String>().trim().to_string();
+        let key: String =
+            chars.by_ref().take_while(|&c| c != '=').collect::<String>().trim().to_string();
         if key.is_empty() {
             break;
         }
@@ -132,7 +133,8 @@ mod tests {
 
     #[pg_test]
     fn conninfo_is_parsed() {
-        let pairs = conninfo_pairs("user=postgres host='127.0.0.1' port=5433 application_name='a b\\'c'");
+        let pairs =
+            conninfo_pairs("user=postgres host='127.0.0.1' port=5433 application_name='a b\\'c'");
         assert_eq!(
             pairs,
             vec![

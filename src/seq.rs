@@ -12,7 +12,8 @@ use tsoracle_core::seq::{validate_count, validate_key};
 pub const MAX_BATCH_KEYS: usize = tsoracle_core::queue::MAX_REQUESTS;
 
 fn checked_key(key: Option<&str>) -> Result<&str, TsoError> {
-    let key = key.ok_or_else(|| TsoError::InvalidArgument("sequence key must not be NULL".into()))?;
+    let key =
+        key.ok_or_else(|| TsoError::InvalidArgument("sequence key must not be NULL".into()))?;
     validate_key(key)?;
     check_storable(key, "sequence key")?;
     Ok(key)
@@ -33,7 +34,9 @@ fn start_of(key: &str, count: u64, reply: Reply) -> Result<i64, TsoError> {
             "sequence \"{key}\" cannot grant {count} more values without overflowing bigint"
         ))),
         ReplyCode::TooManyKeys => Err(TsoError::TooManyKeys(guc::max_seq_keys())),
-        other => Err(TsoError::Internal(format!("unexpected reply to a sequence advance: {other:?}"))),
+        other => {
+            Err(TsoError::Internal(format!("unexpected reply to a sequence advance: {other:?}")))
+        }
     }
 }
 
@@ -97,7 +100,9 @@ fn batch(
     requests
         .iter()
         .zip(replies)
-        .map(|(r, reply)| Ok((r.name().to_string(), start_of(r.name(), r.count, reply)?, r.count as i32)))
+        .map(|(r, reply)| {
+            Ok((r.name().to_string(), start_of(r.name(), r.count, reply)?, r.count as i32))
+        })
         .collect()
 }
 
@@ -160,7 +165,11 @@ mod tests {
         assert_eq!(tso_seq(Some("tile"), Some(3)), 5);
         assert_eq!(tso_seq(Some("tile"), Some(1)), 8);
         assert_eq!(tso_seq_peek(Some("tile")), Some(9));
-        assert_eq!(Spi::get_one::<i64>("SELECT tso_seq('tile')").unwrap(), Some(9), "count defaults to 1");
+        assert_eq!(
+            Spi::get_one::<i64>("SELECT tso_seq('tile')").unwrap(),
+            Some(9),
+            "count defaults to 1"
+        );
         assert_eq!(tso_seq(Some("other"), Some(2)), 0, "keys are independent");
     }
 
@@ -168,7 +177,8 @@ mod tests {
     fn the_block_is_not_rolled_back_with_the_caller() {
         // The pg_test transaction itself is rolled back at the end; the worker committed.
         let start = tso_seq(Some("durable"), Some(10));
-        let durable = Spi::get_one::<i64>("SELECT next FROM tsoracle.seq WHERE key = 'durable'").unwrap();
+        let durable =
+            Spi::get_one::<i64>("SELECT next FROM tsoracle.seq WHERE key = 'durable'").unwrap();
         assert_eq!(durable, Some(start + 10));
     }
 
@@ -198,14 +208,26 @@ mod tests {
     fn sequences_are_a_privilege() {
         Spi::run("CREATE ROLE tso_no_seq NOLOGIN; CREATE ROLE tso_seq_role NOLOGIN IN ROLE tsoracle_seq_user").unwrap();
         let can = |role: &str, f: &str| {
-            Spi::get_one::<bool>(&format!("SELECT has_function_privilege('{role}', '{f}', 'EXECUTE')")).unwrap().unwrap()
+            Spi::get_one::<bool>(&format!(
+                "SELECT has_function_privilege('{role}', '{f}', 'EXECUTE')"
+            ))
+            .unwrap()
+            .unwrap()
         };
-        for f in ["tso_seq(text, integer)", "tso_seq_batch(text[], integer[])", "tso_seq_peek(text)", "tso_seq_drop(text)"] {
+        for f in [
+            "tso_seq(text, integer)",
+            "tso_seq_batch(text[], integer[])",
+            "tso_seq_peek(text)",
+            "tso_seq_drop(text)",
+        ] {
             assert!(!can("tso_no_seq", f), "PUBLIC must not execute {f}");
             assert!(can("tso_seq_role", f), "tsoracle_seq_user executes {f}");
         }
         tso_seq(Some("owned"), Some(1));
-        let owner = Spi::get_one::<bool>("SELECT owner = current_user::regrole FROM tsoracle.seq WHERE key = 'owned'").unwrap();
+        let owner = Spi::get_one::<bool>(
+            "SELECT owner = current_user::regrole FROM tsoracle.seq WHERE key = 'owned'",
+        )
+        .unwrap();
         assert_eq!(owner, Some(true), "a new key belongs to the role that created it");
     }
 
@@ -214,7 +236,10 @@ mod tests {
         assert_eq!(sqlstate_of(|| tso_seq(Some("c"), Some(0))), ERRCODE_INVALID_PARAMETER_VALUE);
         assert_eq!(sqlstate_of(|| tso_seq(Some("c"), Some(-1))), ERRCODE_INVALID_PARAMETER_VALUE);
         assert_eq!(sqlstate_of(|| tso_seq(Some("c"), None)), ERRCODE_INVALID_PARAMETER_VALUE);
-        assert_eq!(sqlstate_of(|| tso_seq(Some("c"), Some(65_537))), ERRCODE_INVALID_PARAMETER_VALUE);
+        assert_eq!(
+            sqlstate_of(|| tso_seq(Some("c"), Some(65_537))),
+            ERRCODE_INVALID_PARAMETER_VALUE
+        );
         Spi::run("SET LOCAL tsoracle.max_seq_count = 10").unwrap();
         assert_eq!(sqlstate_of(|| tso_seq(Some("c"), Some(11))), ERRCODE_INVALID_PARAMETER_VALUE);
         assert_eq!(tso_seq(Some("c"), Some(10)), 0);
@@ -223,13 +248,14 @@ mod tests {
 
     #[pg_test]
     fn batch_advances_in_request_order() {
-        let rows = batch(
-            Some(vec![Some("b1".into()), Some("b2".into())]),
-            Some(vec![Some(3), Some(4)]),
+        let rows =
+            batch(Some(vec![Some("b1".into()), Some("b2".into())]), Some(vec![Some(3), Some(4)]))
+                .unwrap();
+        assert_eq!(rows, vec![("b1".into(), 0, 3), ("b2".into(), 0, 4)]);
+        let again = Spi::get_one::<i64>(
+            "SELECT sum(start)::bigint FROM tso_seq_batch(ARRAY['b2','b1'], ARRAY[1,1])",
         )
         .unwrap();
-        assert_eq!(rows, vec![("b1".into(), 0, 3), ("b2".into(), 0, 4)]);
-        let again = Spi::get_one::<i64>("SELECT sum(start)::bigint FROM tso_seq_batch(ARRAY['b2','b1'], ARRAY[1,1])").unwrap();
         assert_eq!(again, Some(4 + 3));
     }
 
@@ -246,11 +272,18 @@ mod tests {
             (Some(vec![k("x"), k("y")]), Some(vec![Some(1), None])),
             (Some(vec![k("x"), k("y")]), Some(vec![Some(1), Some(0)])),
             (Some(vec![k("x"), k("")]), Some(vec![Some(1), Some(1)])),
-            (Some((0..=MAX_BATCH_KEYS).map(|i| k(&format!("m{i}"))).collect()), Some(vec![Some(1); MAX_BATCH_KEYS + 1])),
+            (
+                Some((0..=MAX_BATCH_KEYS).map(|i| k(&format!("m{i}"))).collect()),
+                Some(vec![Some(1); MAX_BATCH_KEYS + 1]),
+            ),
         ];
         for (keys, counts) in cases {
             let shown = format!("{keys:?} / {counts:?}");
-            assert_eq!(sqlstate_of(move || batch(keys, counts).or_report()), ERRCODE_INVALID_PARAMETER_VALUE, "{shown}");
+            assert_eq!(
+                sqlstate_of(move || batch(keys, counts).or_report()),
+                ERRCODE_INVALID_PARAMETER_VALUE,
+                "{shown}"
+            );
         }
         assert_eq!(tso_seq_peek(Some("x")), None, "no rejected batch advanced x");
     }

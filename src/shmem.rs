@@ -114,7 +114,8 @@ impl OracleState {
     }
 
     pub fn refusal(&self) -> Option<String> {
-        let text = std::str::from_utf8(&self.refusal[..self.refusal_len.min(REFUSAL_BYTES)]).unwrap_or("");
+        let text =
+            std::str::from_utf8(&self.refusal[..self.refusal_len.min(REFUSAL_BYTES)]).unwrap_or("");
         (!text.is_empty()).then(|| text.to_string())
     }
 }
@@ -266,7 +267,9 @@ impl SharedQueue {
     }
 
     fn size(len: usize) -> usize {
-        std::mem::size_of::<QueueHeader>() + std::mem::align_of::<Entry>() + len * std::mem::size_of::<Entry>()
+        std::mem::size_of::<QueueHeader>()
+            + std::mem::align_of::<Entry>()
+            + len * std::mem::size_of::<Entry>()
     }
 
     fn block(&self) -> Option<&QueueBlock> {
@@ -276,7 +279,11 @@ impl SharedQueue {
 
     fn lock(&self, exclusive: bool) -> Result<QueueGuard<'_>, crate::error::TsoError> {
         let block = self.block().ok_or(crate::error::TsoError::NotPreloaded)?;
-        let mode = if exclusive { pg_sys::LWLockMode::LW_EXCLUSIVE } else { pg_sys::LWLockMode::LW_SHARED };
+        let mode = if exclusive {
+            pg_sys::LWLockMode::LW_EXCLUSIVE
+        } else {
+            pg_sys::LWLockMode::LW_SHARED
+        };
         // SAFETY: the lock was handed out by GetNamedLWLockTranche for this block; the guard
         // releases it on drop, also when an error unwinds through its holder.
         unsafe { pg_sys::LWLockAcquire(block.lock, mode) };
@@ -301,7 +308,10 @@ impl QueueGuard<'_> {
         // SAFETY: the pointers come from ShmemInitStruct for `len` entries; the exclusive
         // LWLock makes these the only references for the guard's lifetime.
         unsafe {
-            Queue::new(&mut *self.block.header, std::slice::from_raw_parts_mut(self.block.entries, self.block.len))
+            Queue::new(
+                &mut *self.block.header,
+                std::slice::from_raw_parts_mut(self.block.entries, self.block.len),
+            )
         }
     }
 
@@ -355,10 +365,12 @@ impl PgSharedMemoryInitialization for SharedQueue {
             pg_sys::LWLockAcquire(init_lock, pg_sys::LWLockMode::LW_EXCLUSIVE);
             let len = Self::entries_for(usize::try_from(pg_sys::MaxBackends).unwrap_or(0));
             let mut found = false;
-            let raw = pg_sys::ShmemInitStruct(self.name.as_ptr(), Self::size(len), &mut found).cast::<u8>();
+            let raw = pg_sys::ShmemInitStruct(self.name.as_ptr(), Self::size(len), &mut found)
+                .cast::<u8>();
             let header = raw.cast::<QueueHeader>();
             let after = raw.add(std::mem::size_of::<QueueHeader>());
-            let entries = after.add(after.align_offset(std::mem::align_of::<Entry>())).cast::<Entry>();
+            let entries =
+                after.add(after.align_offset(std::mem::align_of::<Entry>())).cast::<Entry>();
             if !found {
                 header.write(QueueHeader::new());
                 for i in 0..len {
@@ -593,7 +605,8 @@ impl PgSharedMemoryInitialization for SharedSignals {
             let init_lock = &raw mut (*pg_sys::MainLWLockArray.add(21)).lock;
             pg_sys::LWLockAcquire(init_lock, pg_sys::LWLockMode::LW_EXCLUSIVE);
             let mut found = false;
-            let raw = pg_sys::ShmemInitStruct(self.name.as_ptr(), Self::RAW_SIZE, &mut found).cast::<u8>();
+            let raw = pg_sys::ShmemInitStruct(self.name.as_ptr(), Self::RAW_SIZE, &mut found)
+                .cast::<u8>();
             // PostgreSQL only promises MAXALIGN; the cache lines need 64. Every process
             // computes the same aligned address from the same block.
             let ptr = raw.add(raw.align_offset(std::mem::align_of::<Signals>())).cast::<Signals>();

@@ -95,7 +95,6 @@ impl Status {
     }
 }
 
-
 /// One row describing the oracle on this server.
 #[pg_extern]
 #[allow(clippy::type_complexity)]
@@ -160,7 +159,10 @@ fn replayed_high_water() -> Option<i64> {
         if present != Some(true) {
             return Ok(None);
         }
-        client.select("SELECT physical_ms FROM tsoracle.high_water WHERE id", None, &[])?.first().get_one::<i64>()
+        client
+            .select("SELECT physical_ms FROM tsoracle.high_water WHERE id", None, &[])?
+            .first()
+            .get_one::<i64>()
     })
     .ok()
     .flatten()

@@ -12,7 +12,9 @@ pub fn sqlstate_of<R>(f: impl FnOnce() -> R + std::panic::UnwindSafe) -> PgSqlEr
     })
     .catch_others(|e| match e {
         CaughtError::ErrorReport(r) | CaughtError::PostgresError(r) => Some(r.sql_error_code()),
-        CaughtError::RustPanic { ereport, .. } => panic!("a Rust panic, not an error: {}", ereport.message()),
+        CaughtError::RustPanic { ereport, .. } => {
+            panic!("a Rust panic, not an error: {}", ereport.message())
+        }
     })
     .execute()
     .expect("the call succeeded but an error was expected")

@@ -30,10 +30,7 @@ pub struct Allocator {
 /// A batch must have 1 to `MAX_BATCH` timestamps.
 pub fn check_count(count: u32) -> Result<(), CoreError> {
     if count == 0 || count > MAX_BATCH {
-        return Err(CoreError::InvalidCount {
-            got: i64::from(count),
-            max: u64::from(MAX_BATCH),
-        });
+        return Err(CoreError::InvalidCount { got: i64::from(count), max: u64::from(MAX_BATCH) });
     }
     Ok(())
 }
@@ -63,10 +60,7 @@ pub fn place_grant(
         log = 0;
     }
     if phys > high_water_ms {
-        return Err(CoreError::WindowExhausted {
-            needed_ms: phys,
-            high_water_ms,
-        });
+        return Err(CoreError::WindowExhausted { needed_ms: phys, high_water_ms });
     }
     // Keeps every issued timestamp a non-negative bigint.
     if phys > MAX_SQL_PHYSICAL_MS {
@@ -83,13 +77,7 @@ pub struct WindowExtension {
 
 impl Allocator {
     pub const fn new() -> Self {
-        Self {
-            epoch: 0,
-            floor_ms: 0,
-            high_water_ms: 0,
-            next_ts: 0,
-            serving: false,
-        }
+        Self { epoch: 0, floor_ms: 0, high_water_ms: 0, next_ts: 0, serving: false }
     }
 
     /// Seed after the fence: will never issue physical_ms < floor_ms or > high_water_ms.
@@ -105,18 +93,9 @@ impl Allocator {
             return Err(CoreError::PhysicalOutOfRange(floor_ms));
         }
         if floor_ms > high_water_ms {
-            return Err(CoreError::InvalidSeed {
-                floor_ms,
-                high_water_ms,
-            });
+            return Err(CoreError::InvalidSeed { floor_ms, high_water_ms });
         }
-        *self = Self {
-            epoch,
-            floor_ms,
-            high_water_ms,
-            next_ts: 0,
-            serving: true,
-        };
+        *self = Self { epoch, floor_ms, high_water_ms, next_ts: 0, serving: true };
         Ok(())
     }
 
@@ -175,10 +154,7 @@ impl Allocator {
             .max(now_ms)
             .saturating_add(window_ahead_ms)
             .min(MAX_PHYSICAL_MS);
-        Ok(WindowExtension {
-            requested_ms,
-            epoch: self.epoch,
-        })
+        Ok(WindowExtension { requested_ms, epoch: self.epoch })
     }
 
     /// The highest physical_ms that may be served at `now_ms`: `max_lead_ms` above the clock,
@@ -206,12 +182,18 @@ impl Allocator {
     ) -> Result<Option<WindowExtension>, CoreError> {
         let extension = self.prepare_window_extension(now_ms, window_ahead_ms)?;
         let requested_ms = extension.requested_ms.min(self.lead_cap_ms(now_ms, max_lead_ms));
-        Ok((requested_ms > self.high_water_ms).then_some(WindowExtension { requested_ms, ..extension }))
+        Ok((requested_ms > self.high_water_ms)
+            .then_some(WindowExtension { requested_ms, ..extension }))
     }
 
     /// Less than half of `window_ahead_ms` left below the serving bound (see
     /// [`serving_bound_ms`](Self::serving_bound_ms)); false when not serving.
-    pub fn needs_capped_extension(&self, now_ms: u64, window_ahead_ms: u64, max_lead_ms: u64) -> bool {
+    pub fn needs_capped_extension(
+        &self,
+        now_ms: u64,
+        window_ahead_ms: u64,
+        max_lead_ms: u64,
+    ) -> bool {
         if !self.serving {
             return false;
         }
@@ -223,10 +205,7 @@ impl Allocator {
     /// serving) is refused unchanged; a stale smaller value is absorbed (never lowers).
     pub fn commit_window_extension(&mut self, actual_ms: u64, epoch: u64) -> Result<(), CoreError> {
         if !self.serving || epoch != self.epoch {
-            return Err(CoreError::EpochMismatch {
-                current: self.epoch(),
-                got: epoch,
-            });
+            return Err(CoreError::EpochMismatch { current: self.epoch(), got: epoch });
         }
         self.high_water_ms = self.high_water_ms.max(actual_ms);
         Ok(())
@@ -285,18 +264,12 @@ mod tests {
         assert!(!a.is_serving());
         assert_eq!(a.epoch(), None);
         assert_eq!(a.try_grant(NOW, 1), Err(CoreError::NotLeader));
-        assert_eq!(
-            a.prepare_window_extension(NOW, 10),
-            Err(CoreError::NotLeader)
-        );
+        assert_eq!(a.prepare_window_extension(NOW, 10), Err(CoreError::NotLeader));
         assert!(!a.needs_extension(NOW, 3000));
         assert_eq!(a.window_left_ms(NOW), 0);
         assert_eq!(
             a.commit_window_extension(NOW, 0),
-            Err(CoreError::EpochMismatch {
-                current: None,
-                got: 0
-            })
+            Err(CoreError::EpochMismatch { current: None, got: 0 })
         );
     }
 
@@ -328,10 +301,7 @@ mod tests {
         let before = a;
         assert_eq!(
             a.try_grant(NOW, 1),
-            Err(CoreError::WindowExhausted {
-                needed_ms: NOW + 2,
-                high_water_ms: NOW + 1
-            })
+            Err(CoreError::WindowExhausted { needed_ms: NOW + 2, high_water_ms: NOW + 1 })
         );
         assert_eq!(a, before);
     }
@@ -350,10 +320,7 @@ mod tests {
         for count in [0, MAX_BATCH + 1, u32::MAX] {
             assert_eq!(
                 a.try_grant(NOW, count),
-                Err(CoreError::InvalidCount {
-                    got: i64::from(count),
-                    max: 262_144
-                })
+                Err(CoreError::InvalidCount { got: i64::from(count), max: 262_144 })
             );
         }
         assert_eq!(a.last_issued(), None);
@@ -366,23 +333,13 @@ mod tests {
         assert!(!a.would_grant(NOW + 11, 1));
         assert_eq!(
             a.try_grant(NOW + 11, 1),
-            Err(CoreError::WindowExhausted {
-                needed_ms: NOW + 11,
-                high_water_ms: NOW + 10
-            })
+            Err(CoreError::WindowExhausted { needed_ms: NOW + 11, high_water_ms: NOW + 10 })
         );
         assert_eq!(a, before);
 
         let ext = a.prepare_window_extension(NOW + 11, 3000).unwrap();
-        assert_eq!(
-            ext,
-            WindowExtension {
-                requested_ms: NOW + 3011,
-                epoch: 7
-            }
-        );
-        a.commit_window_extension(ext.requested_ms, ext.epoch)
-            .unwrap();
+        assert_eq!(ext, WindowExtension { requested_ms: NOW + 3011, epoch: 7 });
+        a.commit_window_extension(ext.requested_ms, ext.epoch).unwrap();
         assert_eq!(a.high_water_ms(), NOW + 3011);
         assert!(a.would_grant(NOW + 11, 1));
         assert_eq!(a.try_grant(NOW + 11, 1), Ok(pack(NOW + 11, 0).unwrap()));
@@ -391,14 +348,9 @@ mod tests {
     #[test]
     fn prepare_uses_high_water_when_clock_is_behind() {
         let a = leader(NOW, NOW + 10);
+        assert_eq!(a.prepare_window_extension(NOW, 100).unwrap().requested_ms, NOW + 111);
         assert_eq!(
-            a.prepare_window_extension(NOW, 100).unwrap().requested_ms,
-            NOW + 111
-        );
-        assert_eq!(
-            a.prepare_window_extension(u64::MAX, 100)
-                .unwrap()
-                .requested_ms,
+            a.prepare_window_extension(u64::MAX, 100).unwrap().requested_ms,
             MAX_PHYSICAL_MS
         );
     }
@@ -410,10 +362,7 @@ mod tests {
         assert_eq!(a.high_water_ms(), NOW + 100);
         assert_eq!(
             a.commit_window_extension(NOW + 500, 6),
-            Err(CoreError::EpochMismatch {
-                current: Some(7),
-                got: 6
-            })
+            Err(CoreError::EpochMismatch { current: Some(7), got: 6 })
         );
         assert_eq!(a.high_water_ms(), NOW + 100);
     }
@@ -424,10 +373,7 @@ mod tests {
         a.try_grant(NOW, 5).unwrap();
         assert_eq!(
             a.become_leader(NOW + 2, NOW + 1, 8),
-            Err(CoreError::InvalidSeed {
-                floor_ms: NOW + 2,
-                high_water_ms: NOW + 1
-            })
+            Err(CoreError::InvalidSeed { floor_ms: NOW + 2, high_water_ms: NOW + 1 })
         );
         assert_eq!(
             a.become_leader(MAX_PHYSICAL_MS + 1, u64::MAX, 8),
@@ -460,16 +406,10 @@ mod tests {
         let mut a = leader(MAX_SQL_PHYSICAL_MS, MAX_PHYSICAL_MS);
         let first = a.try_grant(0, MAX_BATCH).unwrap();
         assert_eq!(first + u64::from(MAX_BATCH) - 1, i64::MAX as u64);
-        assert_eq!(
-            a.try_grant(0, 1),
-            Err(CoreError::PhysicalOutOfRange(MAX_SQL_PHYSICAL_MS + 1))
-        );
+        assert_eq!(a.try_grant(0, 1), Err(CoreError::PhysicalOutOfRange(MAX_SQL_PHYSICAL_MS + 1)));
         assert_eq!(
             a.try_grant(u64::MAX, 1),
-            Err(CoreError::WindowExhausted {
-                needed_ms: u64::MAX,
-                high_water_ms: MAX_PHYSICAL_MS
-            })
+            Err(CoreError::WindowExhausted { needed_ms: u64::MAX, high_water_ms: MAX_PHYSICAL_MS })
         );
     }
 

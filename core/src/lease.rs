@@ -45,19 +45,13 @@ pub enum AcquireOutcome {
     Existing(Lease),
     /// Insert `lease`; if `superseded` is set, mark that lease superseded in the same
     /// transaction.
-    New {
-        lease: Lease,
-        superseded: Option<i64>,
-    },
+    New { lease: Lease, superseded: Option<i64> },
 }
 
 /// A holder name is 1 to 128 bytes.
 pub fn validate_holder(holder: &str) -> Result<(), CoreError> {
     if holder.is_empty() || holder.len() > MAX_HOLDER_BYTES {
-        return Err(CoreError::InvalidHolder {
-            got: holder.len(),
-            max: MAX_HOLDER_BYTES,
-        });
+        return Err(CoreError::InvalidHolder { got: holder.len(), max: MAX_HOLDER_BYTES });
     }
     Ok(())
 }
@@ -66,11 +60,7 @@ pub fn validate_holder(holder: &str) -> Result<(), CoreError> {
 pub fn validate_ttl(ttl_ms: i64, min: i64, max: i64) -> Result<u64, CoreError> {
     match u64::try_from(ttl_ms) {
         Ok(ttl) if ttl_ms >= min && ttl_ms <= max && ttl > 0 => Ok(ttl),
-        _ => Err(CoreError::InvalidTtl {
-            got: ttl_ms,
-            min,
-            max,
-        }),
+        _ => Err(CoreError::InvalidTtl { got: ttl_ms, min, max }),
     }
 }
 
@@ -115,8 +105,7 @@ impl LeaseTable {
 
     /// The holder's active lease, if any (there is at most one).
     pub fn active_lease(&self, holder: &str, now_ms: u64) -> Option<&Lease> {
-        self.iter()
-            .find(|l| l.holder == holder && l.is_active(now_ms))
+        self.iter().find(|l| l.holder == holder && l.is_active(now_ms))
     }
 
     /// Decide an acquire without changing the table. `new_bound_ms` is the high-water the
@@ -237,11 +226,7 @@ impl LeaseTable {
 
     /// Drop every expired lease; returns their ids.
     pub fn expire(&mut self, now_ms: u64) -> Vec<i64> {
-        let expired: Vec<i64> = self
-            .iter()
-            .filter(|l| !l.is_live(now_ms))
-            .map(|l| l.id)
-            .collect();
+        let expired: Vec<i64> = self.iter().filter(|l| !l.is_live(now_ms)).map(|l| l.id).collect();
         for id in &expired {
             self.leases.remove(id);
         }
@@ -265,10 +250,7 @@ mod tests {
     #[test]
     fn validation() {
         assert!(validate_holder("indexer-7").is_ok());
-        assert_eq!(
-            validate_holder(""),
-            Err(CoreError::InvalidHolder { got: 0, max: 128 })
-        );
+        assert_eq!(validate_holder(""), Err(CoreError::InvalidHolder { got: 0, max: 128 }));
         assert!(validate_holder(&"é".repeat(64)).is_ok());
         assert!(validate_holder(&"é".repeat(65)).is_err());
         assert_eq!(validate_ttl(30_000, 5_000, 300_000), Ok(30_000));
@@ -276,11 +258,7 @@ mod tests {
         for bad in [4_999, 300_001, -1, 0] {
             assert_eq!(
                 validate_ttl(bad, 5_000, 300_000),
-                Err(CoreError::InvalidTtl {
-                    got: bad,
-                    min: 5_000,
-                    max: 300_000
-                })
+                Err(CoreError::InvalidTtl { got: bad, min: 5_000, max: 300_000 })
             );
         }
         assert!(validate_ttl(0, 0, 10).is_err());
@@ -289,10 +267,8 @@ mod tests {
     #[test]
     fn acquire_renew_release() {
         let mut t = LeaseTable::new();
-        let AcquireOutcome::New {
-            lease,
-            superseded: None,
-        } = t.acquire("w", 1, 100, 1_000, 5_000, 1, 0).unwrap()
+        let AcquireOutcome::New { lease, superseded: None } =
+            t.acquire("w", 1, 100, 1_000, 5_000, 1, 0).unwrap()
         else {
             panic!("expected a new lease");
         };
@@ -310,17 +286,11 @@ mod tests {
         );
 
         let renewed = t.renew(1, 200, 1_090, 6_000).unwrap();
-        assert_eq!(
-            (renewed.expires_at_ms, renewed.ts_upper_bound_ms),
-            (1_290, 6_000)
-        );
+        assert_eq!((renewed.expires_at_ms, renewed.ts_upper_bound_ms), (1_290, 6_000));
         // A lower bound never lowers the stored one.
         assert_eq!(t.renew(1, 200, 1_100, 10).unwrap().ts_upper_bound_ms, 6_000);
         assert_eq!(t.renew(9, 200, 1_100, 10), Err(CoreError::LeaseNotFound(9)));
-        assert_eq!(
-            t.renew(1, 200, 1_300, 10),
-            Err(CoreError::LeaseNotRenewable(1))
-        );
+        assert_eq!(t.renew(1, 200, 1_300, 10), Err(CoreError::LeaseNotRenewable(1)));
 
         assert!(t.release(1).is_some());
         assert!(t.release(1).is_none());
@@ -332,13 +302,7 @@ mod tests {
         let mut t = LeaseTable::new();
         t.acquire("w", 1, 100, 0, 50, 1, 0).unwrap();
         let out = t.acquire("w", 2, 10, 0, 70, 2, 0).unwrap();
-        assert!(matches!(
-            out,
-            AcquireOutcome::New {
-                superseded: Some(1),
-                ..
-            }
-        ));
+        assert!(matches!(out, AcquireOutcome::New { superseded: Some(1), .. }));
         assert!(t.get(1).is_some_and(|l| l.superseded));
         assert_eq!(t.renew(1, 100, 5, 80), Err(CoreError::LeaseNotRenewable(1)));
         // The superseded lease still holds the frontier until it expires...
@@ -355,13 +319,7 @@ mod tests {
         let mut t = LeaseTable::new();
         t.acquire("w", 5, 10, 0, 1, 1, 0).unwrap();
         let out = t.acquire("w", 3, 10, 10, 2, 2, 0).unwrap();
-        assert!(matches!(
-            out,
-            AcquireOutcome::New {
-                superseded: None,
-                ..
-            }
-        ));
+        assert!(matches!(out, AcquireOutcome::New { superseded: None, .. }));
     }
 
     #[test]
@@ -369,10 +327,7 @@ mod tests {
         let mut t = LeaseTable::new();
         t.acquire("a", 1, 10, 0, 1, 1, 0).unwrap();
         let before = t.clone();
-        assert_eq!(
-            t.plan_acquire("b", 1, 10, 0, 1, 1, 0),
-            Err(CoreError::DuplicateLeaseId(1))
-        );
+        assert_eq!(t.plan_acquire("b", 1, 10, 0, 1, 1, 0), Err(CoreError::DuplicateLeaseId(1)));
         let plan = t.plan_acquire("b", 1, 10, 0, 1, 2, 0).unwrap();
         assert_eq!(t, before);
         t.apply_acquire(&plan);
@@ -388,9 +343,6 @@ mod tests {
         let loaded = LeaseTable::load(rows.clone(), 10).unwrap();
         assert_eq!(loaded.iter().map(|l| l.id).collect::<Vec<_>>(), vec![2]);
         let twice = rows.iter().chain(&rows).cloned();
-        assert_eq!(
-            LeaseTable::load(twice, 0),
-            Err(CoreError::DuplicateLeaseId(1))
-        );
+        assert_eq!(LeaseTable::load(twice, 0), Err(CoreError::DuplicateLeaseId(1)));
     }
 }

@@ -113,7 +113,12 @@ impl<'a, R: Copy, P: Copy> Queue<'a, R, P> {
     /// A caller fills its own entry. Whatever the entry held before belongs to a call that
     /// has ended (this backend's earlier call, or the previous user of its PGPROC): it is
     /// replaced, and an answer the worker still owes it will find another generation.
-    pub fn submit(&mut self, index: usize, requests: &[R], waiter: usize) -> Result<Ticket, QueueError> {
+    pub fn submit(
+        &mut self,
+        index: usize,
+        requests: &[R],
+        waiter: usize,
+    ) -> Result<Ticket, QueueError> {
         if requests.is_empty() || requests.len() > MAX_REQUESTS {
             return Err(QueueError::BadLength { got: requests.len(), max: MAX_REQUESTS });
         }
@@ -130,7 +135,10 @@ impl<'a, R: Copy, P: Copy> Queue<'a, R, P> {
     }
 
     pub fn state(&self, ticket: Ticket) -> Option<EntryState> {
-        self.entries.get(ticket.index).filter(|e| e.generation == ticket.generation).map(|e| e.state)
+        self.entries
+            .get(ticket.index)
+            .filter(|e| e.generation == ticket.generation)
+            .map(|e| e.state)
     }
 
     /// The replies, once the worker answered; frees the entry.

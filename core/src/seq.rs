@@ -12,10 +12,7 @@ pub const MAX_SEQ_KEY_BYTES: usize = 128;
 /// A key is 1 to 128 bytes (bytes, not characters: that is what the index stores).
 pub fn validate_key(key: &str) -> Result<(), CoreError> {
     if key.is_empty() || key.len() > MAX_SEQ_KEY_BYTES {
-        return Err(CoreError::InvalidSeqKey {
-            got: key.len(),
-            max: MAX_SEQ_KEY_BYTES,
-        });
+        return Err(CoreError::InvalidSeqKey { got: key.len(), max: MAX_SEQ_KEY_BYTES });
     }
     Ok(())
 }
@@ -24,10 +21,7 @@ pub fn validate_key(key: &str) -> Result<(), CoreError> {
 pub fn validate_count(count: i64, max_count: u64) -> Result<u64, CoreError> {
     match u64::try_from(count) {
         Ok(c) if (1..=max_count).contains(&c) => Ok(c),
-        _ => Err(CoreError::InvalidCount {
-            got: count,
-            max: max_count,
-        }),
+        _ => Err(CoreError::InvalidCount { got: count, max: max_count }),
     }
 }
 
@@ -69,9 +63,8 @@ pub fn plan_group(
         if results[i].is_some() {
             continue; // already planned with its batch
         }
-        let members: Vec<usize> = (i..requests.len())
-            .filter(|&j| requests[j].batch == req.batch)
-            .collect();
+        let members: Vec<usize> =
+            (i..requests.len()).filter(|&j| requests[j].batch == req.batch).collect();
         // Tentative state for this batch; committed only if every member fits.
         let mut staged: HashMap<&str, i64> = HashMap::new();
         let mut new_keys = 0u64;
@@ -79,7 +72,11 @@ pub fn plan_group(
         let mut failure = None;
         for &j in &members {
             let r = &requests[j];
-            let base = match staged.get(r.key).or_else(|| next.get(r.key)).or_else(|| current.get(r.key)) {
+            let base = match staged
+                .get(r.key)
+                .or_else(|| next.get(r.key))
+                .or_else(|| current.get(r.key))
+            {
                 Some(&v) => v,
                 None => {
                     new_keys += 1;
@@ -135,10 +132,7 @@ mod tests {
     #[test]
     fn keys() {
         assert!(validate_key("orders").is_ok());
-        assert_eq!(
-            validate_key(""),
-            Err(CoreError::InvalidSeqKey { got: 0, max: 128 })
-        );
+        assert_eq!(validate_key(""), Err(CoreError::InvalidSeqKey { got: 0, max: 128 }));
         assert!(validate_key(&"a".repeat(128)).is_ok());
         assert_eq!(
             validate_key(&"a".repeat(129)),
@@ -158,10 +152,7 @@ mod tests {
         for bad in [0, -1, 65537, i64::MIN] {
             assert_eq!(
                 validate_count(bad, 65536),
-                Err(CoreError::InvalidCount {
-                    got: bad,
-                    max: 65536
-                })
+                Err(CoreError::InvalidCount { got: bad, max: 65536 })
             );
         }
     }

@@ -57,10 +57,7 @@ mod tests {
             pack(MAX_PHYSICAL_MS + 1, 0),
             Err(CoreError::PhysicalOutOfRange(MAX_PHYSICAL_MS + 1))
         );
-        assert_eq!(
-            pack(0, LOGICAL_PER_MS),
-            Err(CoreError::LogicalOutOfRange(LOGICAL_PER_MS))
-        );
+        assert_eq!(pack(0, LOGICAL_PER_MS), Err(CoreError::LogicalOutOfRange(LOGICAL_PER_MS)));
         // The last SQL-representable millisecond ends exactly at i64::MAX.
         assert_eq!(pack(MAX_SQL_PHYSICAL_MS, MAX_LOGICAL), Ok(i64::MAX as u64));
     }

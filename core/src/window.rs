@@ -30,10 +30,7 @@ pub struct AtomicWindow {
 
 impl AtomicWindow {
     pub const fn new() -> Self {
-        Self {
-            next: AtomicU64::new(0),
-            high_water_ms: AtomicU64::new(0),
-        }
+        Self { next: AtomicU64::new(0), high_water_ms: AtomicU64::new(0) }
     }
 
     /// Grant `count` consecutive timestamps in one millisecond; returns the first.
@@ -47,9 +44,7 @@ impl AtomicWindow {
             }
             let first = place_grant(current, 0, high_water_ms, now_ms, count)?;
             let end = first + u64::from(count);
-            match self
-                .next
-                .compare_exchange_weak(current, end, Ordering::AcqRel, Ordering::Acquire)
+            match self.next.compare_exchange_weak(current, end, Ordering::AcqRel, Ordering::Acquire)
             {
                 Ok(_) => return Ok(first),
                 Err(actual) => current = actual,
@@ -60,10 +55,7 @@ impl AtomicWindow {
     /// After the fence: serve from `floor_ms` up to `high_water_ms` (both already durable).
     pub fn open(&self, floor_ms: u64, high_water_ms: u64) -> Result<(), CoreError> {
         if floor_ms == 0 || floor_ms > high_water_ms {
-            return Err(CoreError::InvalidSeed {
-                floor_ms,
-                high_water_ms,
-            });
+            return Err(CoreError::InvalidSeed { floor_ms, high_water_ms });
         }
         self.next.fetch_max(pack(floor_ms, 0)?, Ordering::AcqRel);
         self.high_water_ms.store(high_water_ms, Ordering::Release);
@@ -72,11 +64,9 @@ impl AtomicWindow {
 
     /// A higher high-water became durable. Ignored while closed; never lowers.
     pub fn extend(&self, high_water_ms: u64) {
-        let _ = self
-            .high_water_ms
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |current| {
-                (current != 0 && high_water_ms > current).then_some(high_water_ms)
-            });
+        let _ = self.high_water_ms.fetch_update(Ordering::AcqRel, Ordering::Acquire, |current| {
+            (current != 0 && high_water_ms > current).then_some(high_water_ms)
+        });
     }
 
     /// Stop serving (before a fence).
@@ -158,13 +148,18 @@ mod tests {
                 })
             })
             .collect();
-        let mut ranges: Vec<(u64, u64)> = handles.into_iter().flat_map(|h| h.join().unwrap()).collect();
+        let mut ranges: Vec<(u64, u64)> =
+            handles.into_iter().flat_map(|h| h.join().unwrap()).collect();
         ranges.sort_unstable();
         for pair in ranges.windows(2) {
             assert!(pair[0].0 + pair[0].1 <= pair[1].0, "overlap: {pair:?}");
         }
         for (first, count) in ranges {
-            assert_eq!(physical_ms(first), physical_ms(first + count - 1), "a batch stays in one ms");
+            assert_eq!(
+                physical_ms(first),
+                physical_ms(first + count - 1),
+                "a batch stays in one ms"
+            );
         }
     }
 }

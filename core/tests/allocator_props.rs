@@ -113,23 +113,17 @@ impl Model {
         let Some(hw) = self.hw_ms else {
             return Err(CoreError::NotLeader);
         };
-        let mut first = [
-            self.last_in_epoch.map_or(0, |t| t + 1),
-            self.now << 18,
-            self.floor_ms << 18,
-        ]
-        .into_iter()
-        .max()
-        .unwrap();
+        let mut first =
+            [self.last_in_epoch.map_or(0, |t| t + 1), self.now << 18, self.floor_ms << 18]
+                .into_iter()
+                .max()
+                .unwrap();
         if logical(first) + u64::from(count) > LOGICAL_PER_MS {
             first = (physical_ms(first) + 1) << 18;
         }
         let phys = physical_ms(first);
         if phys > hw {
-            Err(CoreError::WindowExhausted {
-                needed_ms: phys,
-                high_water_ms: hw,
-            })
+            Err(CoreError::WindowExhausted { needed_ms: phys, high_water_ms: hw })
         } else if phys > MAX_SQL_PHYSICAL_MS {
             Err(CoreError::PhysicalOutOfRange(phys))
         } else {
@@ -165,22 +159,14 @@ impl Model {
             Op::CommitForeignEpoch { extra_ms } => {
                 let before = self.alloc;
                 let foreign = self.epoch + 1_000_000;
-                let r = self
-                    .alloc
-                    .commit_window_extension(self.durable_ms + 1 + extra_ms, foreign);
+                let r = self.alloc.commit_window_extension(self.durable_ms + 1 + extra_ms, foreign);
                 prop_assert_eq!(
                     r,
-                    Err(CoreError::EpochMismatch {
-                        current: self.alloc.epoch(),
-                        got: foreign
-                    })
+                    Err(CoreError::EpochMismatch { current: self.alloc.epoch(), got: foreign })
                 );
                 prop_assert_eq!(self.alloc, before);
             }
-            Op::Fence {
-                same_epoch,
-                advance_ms,
-            } => {
+            Op::Fence { same_epoch, advance_ms } => {
                 // As the worker does: stop serving, load H, floor, persist, seed.
                 self.alloc.step_down();
                 if !same_epoch {
@@ -188,9 +174,7 @@ impl Model {
                 }
                 let floor = (self.durable_ms + 1).max(self.now);
                 let actual = self.persist(floor + advance_ms);
-                self.alloc
-                    .become_leader(floor, actual, self.epoch)
-                    .map_err(fail)?;
+                self.alloc.become_leader(floor, actual, self.epoch).map_err(fail)?;
                 self.hw_ms = Some(actual);
                 self.floor_ms = floor;
                 self.last_in_epoch = None;
@@ -213,10 +197,7 @@ impl Model {
         let got = self.alloc.try_grant(self.now, count);
         prop_assert_eq!(predicted, got.is_ok());
         if !(1..=MAX_BATCH).contains(&count) {
-            let want = CoreError::InvalidCount {
-                got: i64::from(count),
-                max: 262_144,
-            };
+            let want = CoreError::InvalidCount { got: i64::from(count), max: 262_144 };
             prop_assert_eq!(got, Err(want));
             prop_assert_eq!(self.alloc, before);
             return Ok(());
@@ -262,10 +243,7 @@ impl Model {
                 self.hw_ms = Some(hw.max(actual));
             }
             _ => {
-                let want = CoreError::EpochMismatch {
-                    current: before.epoch(),
-                    got: epoch,
-                };
+                let want = CoreError::EpochMismatch { current: before.epoch(), got: epoch };
                 prop_assert_eq!(r, Err(want));
                 prop_assert_eq!(self.alloc, before);
             }
@@ -277,10 +255,7 @@ impl Model {
         prop_assert_eq!(self.alloc.is_serving(), self.hw_ms.is_some());
         if let Some(hw) = self.hw_ms {
             prop_assert_eq!(self.alloc.high_water_ms(), hw);
-            prop_assert!(
-                hw <= self.durable_ms,
-                "serving above the durable high-water"
-            );
+            prop_assert!(hw <= self.durable_ms, "serving above the durable high-water");
             prop_assert_eq!(self.alloc.epoch(), Some(self.epoch));
             prop_assert!(self.alloc.floor_ms() <= hw);
             prop_assert_eq!(self.alloc.last_issued(), self.last_in_epoch);

@@ -85,10 +85,7 @@ impl Model {
         match active {
             Some(a) if a.holder_epoch == epoch => return Ok(AcquireOutcome::Existing(a.clone())),
             Some(a) if a.holder_epoch > epoch => {
-                return Err(CoreError::StaleHolderEpoch {
-                    got: epoch,
-                    active: a.holder_epoch,
-                })
+                return Err(CoreError::StaleHolderEpoch { got: epoch, active: a.holder_epoch })
             }
             _ => {}
         }
@@ -114,13 +111,7 @@ impl Model {
         let ids_before: Vec<i64> = self.table.iter().map(|l| l.id).collect();
         let mut removed: Vec<i64> = Vec::new();
         match *op {
-            Op::Acquire {
-                holder,
-                epoch,
-                ttl,
-                plan_then_apply,
-                reuse_id,
-            } => {
+            Op::Acquire { holder, epoch, ttl, plan_then_apply, reuse_id } => {
                 let holder = HOLDERS[holder];
                 let id = match reuse_id {
                     Some(pick) if !self.records.is_empty() => {
@@ -131,14 +122,19 @@ impl Model {
                 let want = self.model_acquire(holder, epoch, ttl, id);
                 let got = if plan_then_apply {
                     let before = self.table.clone();
-                    let plan =
-                        self.table
-                            .plan_acquire(holder, epoch, ttl, self.now, self.high_water, id, 0);
+                    let plan = self.table.plan_acquire(
+                        holder,
+                        epoch,
+                        ttl,
+                        self.now,
+                        self.high_water,
+                        id,
+                        0,
+                    );
                     prop_assert_eq!(&self.table, &before, "plan must not change the table");
                     plan.inspect(|p| self.table.apply_acquire(p))
                 } else {
-                    self.table
-                        .acquire(holder, epoch, ttl, self.now, self.high_water, id, 0)
+                    self.table.acquire(holder, epoch, ttl, self.now, self.high_water, id, 0)
                 };
                 prop_assert_eq!(&got, &want);
                 if let Ok(AcquireOutcome::New { lease, superseded }) = want {
@@ -153,13 +149,7 @@ impl Model {
                     self.next_id += 1;
                 }
             }
-            Op::Renew {
-                pick,
-                unknown,
-                ttl,
-                plan_then_apply,
-                stale_ms,
-            } => {
+            Op::Renew { pick, unknown, ttl, plan_then_apply, stale_ms } => {
                 let id = self.pick_id(pick, unknown);
                 let bound = self.high_water - stale_ms;
                 let want = match self.records.iter().find(|r| r.id == id) {
@@ -188,22 +178,15 @@ impl Model {
             }
             Op::Release { pick, unknown } => {
                 let id = self.pick_id(pick, unknown);
-                let want = self
-                    .records
-                    .iter()
-                    .position(|r| r.id == id)
-                    .map(|i| self.records.remove(i));
+                let want =
+                    self.records.iter().position(|r| r.id == id).map(|i| self.records.remove(i));
                 prop_assert_eq!(self.table.release(id), want);
                 removed.push(id);
             }
             Op::Expire => {
                 let now = self.now;
-                let mut want: Vec<i64> = self
-                    .records
-                    .iter()
-                    .filter(|r| now >= r.expires_at_ms)
-                    .map(|r| r.id)
-                    .collect();
+                let mut want: Vec<i64> =
+                    self.records.iter().filter(|r| now >= r.expires_at_ms).map(|r| r.id).collect();
                 self.records.retain(|r| now < r.expires_at_ms);
                 let mut got = self.table.expire(now);
                 got.sort_unstable();
@@ -218,12 +201,8 @@ impl Model {
                 self.table = LeaseTable::load(rows, self.now)
                     .map_err(|e| TestCaseError::fail(e.to_string()))?;
                 let now = self.now;
-                removed = self
-                    .records
-                    .iter()
-                    .filter(|r| now >= r.expires_at_ms)
-                    .map(|r| r.id)
-                    .collect();
+                removed =
+                    self.records.iter().filter(|r| now >= r.expires_at_ms).map(|r| r.id).collect();
                 self.records.retain(|r| now < r.expires_at_ms);
             }
         }
@@ -249,10 +228,7 @@ impl Model {
             prop_assert!(w[0].id < w[1].id);
         }
         for h in HOLDERS {
-            let active = got
-                .iter()
-                .filter(|l| l.holder == h && l.is_active(self.now))
-                .count();
+            let active = got.iter().filter(|l| l.holder == h && l.is_active(self.now)).count();
             prop_assert!(active <= 1);
         }
         // The frontier is the high-water held down by every live bound, superseded or not.

@@ -1,8 +1,8 @@
 //! Property tests of sequence validation and group-commit splitting.
 
 use proptest::prelude::*;
-use tsoracle_core::error::CoreError;
 use std::collections::HashMap;
+use tsoracle_core::error::CoreError;
 use tsoracle_core::seq::{plan_group, validate_count, validate_key, SeqRequest, MAX_SEQ_KEY_BYTES};
 
 /// Keys of 1- to 4-byte characters, around the 128-byte limit.
@@ -13,10 +13,7 @@ fn key() -> impl Strategy<Value = String> {
 
 /// Keys whose byte length lands within a few bytes of the limit, on either side.
 fn boundary_key() -> impl Strategy<Value = String> {
-    (
-        prop::collection::vec(prop::sample::select(vec!['a', 'é', '€', '😀']), 140),
-        121..=135usize,
-    )
+    (prop::collection::vec(prop::sample::select(vec!['a', 'é', '€', '😀']), 140), 121..=135usize)
         .prop_map(|(cs, target)| {
             let mut k = String::new();
             for c in cs {

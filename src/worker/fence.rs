@@ -33,7 +33,11 @@ impl Worker {
         let fenced = BackgroundWorker::transaction(|| {
             // No row only before the very first fence; a failed read is never taken for one.
             let (prior, prior_epoch) = Spi::connect(|client| {
-                let rows = client.select("SELECT physical_ms, epoch FROM tsoracle.high_water WHERE id", None, &[])?;
+                let rows = client.select(
+                    "SELECT physical_ms, epoch FROM tsoracle.high_water WHERE id",
+                    None,
+                    &[],
+                )?;
                 if rows.is_empty() {
                     Ok((None, None))
                 } else {
@@ -62,7 +66,13 @@ impl Worker {
             )
             .unwrap_or_else(|e| pgrx::error!("tsoracle fence could not persist the high-water: {e}"));
             let leases = load_leases(now);
-            Ok((floor_ms, actual.unwrap_or(0).max(0) as u64, epoch.unwrap_or(0).max(0) as u64, leases, promoted))
+            Ok((
+                floor_ms,
+                actual.unwrap_or(0).max(0) as u64,
+                epoch.unwrap_or(0).max(0) as u64,
+                leases,
+                promoted,
+            ))
         });
         let (floor_ms, high_water_ms, epoch, leases, promoted) = match fenced {
             Ok(fenced) => fenced,
@@ -79,10 +89,11 @@ impl Worker {
 
         {
             let mut st = ORACLE.exclusive();
-            let seeded = st.allocator.become_leader(floor_ms, high_water_ms, epoch).and_then(|()| {
-                let bound = st.allocator.serving_bound_ms(now_ms(), guc::max_lead_ms());
-                self.signals.window.open(floor_ms, bound)
-            });
+            let seeded =
+                st.allocator.become_leader(floor_ms, high_water_ms, epoch).and_then(|()| {
+                    let bound = st.allocator.serving_bound_ms(now_ms(), guc::max_lead_ms());
+                    self.signals.window.open(floor_ms, bound)
+                });
             if let Err(e) = seeded {
                 drop(st);
                 pgrx::error!("tsoracle fence produced an invalid seed: {e}");
@@ -147,5 +158,6 @@ fn load_leases(now_ms: u64) -> LeaseTable {
             .collect::<Result<Vec<Lease>, pgrx::spi::Error>>()
     })
     .unwrap_or_else(|e| pgrx::error!("tsoracle could not load the leases: {e}"));
-    LeaseTable::load(rows, horizon).unwrap_or_else(|e| pgrx::error!("tsoracle lease table is inconsistent: {e}"))
+    LeaseTable::load(rows, horizon)
+        .unwrap_or_else(|e| pgrx::error!("tsoracle lease table is inconsistent: {e}"))
 }

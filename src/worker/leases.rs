@@ -66,7 +66,9 @@ pub(super) fn mutate_leases(
     let mut writes: Vec<LeaseWrite> = Vec::new();
     for (i, (_, r)) in taken.iter().enumerate() {
         let reply = match r.kind {
-            RequestKind::LeaseAcquire if !checks.storable(r.name()) => Reply::err(ReplyCode::BadEncoding),
+            RequestKind::LeaseAcquire if !checks.storable(r.name()) => {
+                Reply::err(ReplyCode::BadEncoding)
+            }
             RequestKind::LeaseAcquire => {
                 let (holder, holder_epoch, ttl) = (r.name(), r.arg, r.count);
                 match leases.active_lease(holder, now) {
@@ -76,15 +78,27 @@ pub(super) fn mutate_leases(
                     }
                     _ => {
                         let bound = lease_bound(high_water, now, ttl);
-                        match leases.plan_acquire(holder, holder_epoch, ttl, now, bound, bound as i64, r.role) {
+                        match leases.plan_acquire(
+                            holder,
+                            holder_epoch,
+                            ttl,
+                            now,
+                            bound,
+                            bound as i64,
+                            r.role,
+                        ) {
                             Ok(AcquireOutcome::Existing(lease)) => lease_reply(&lease, epoch),
                             Ok(AcquireOutcome::New { .. })
-                                if leases.iter().filter(|l| l.is_live(now)).count() >= MAX_LEASES =>
+                                if leases.iter().filter(|l| l.is_live(now)).count()
+                                    >= MAX_LEASES =>
                             {
                                 Reply::err(ReplyCode::TooManyLeases)
                             }
                             Ok(AcquireOutcome::New { lease, superseded }) => {
-                                leases.apply_acquire(&AcquireOutcome::New { lease: lease.clone(), superseded });
+                                leases.apply_acquire(&AcquireOutcome::New {
+                                    lease: lease.clone(),
+                                    superseded,
+                                });
                                 high_water = bound;
                                 if let Some(old) = superseded {
                                     writes.push(LeaseWrite::Supersede(old));
@@ -135,7 +149,9 @@ pub(super) fn mutate_leases(
         let extension = WindowExtension { requested_ms: high_water, epoch };
         match persist_high_water(extension) {
             Some(actual) if actual >= high_water => high_water = actual,
-            _ => pgrx::error!("tsoracle high-water row is missing or at another epoch; leases not granted"),
+            _ => pgrx::error!(
+                "tsoracle high-water row is missing or at another epoch; leases not granted"
+            ),
         }
     }
     for write in writes {

@@ -19,7 +19,9 @@ mod sequences;
 use crate::clock::now_ms;
 use crate::guc;
 use crate::shmem::{self, Phase, Reply, ReplyCode, Signals, ORACLE, QUEUE};
-use pgrx::bgworkers::{BackgroundWorker, BackgroundWorkerBuilder, BgWorkerStartTime, SignalWakeFlags};
+use pgrx::bgworkers::{
+    BackgroundWorker, BackgroundWorkerBuilder, BgWorkerStartTime, SignalWakeFlags,
+};
 use pgrx::prelude::*;
 use std::time::Duration;
 use tsoracle_core::allocator::WindowExtension;
@@ -406,13 +408,19 @@ impl Worker {
                 st.allocator.observe_issued(self.signals.window.next_ts());
                 // The clock moved: callers may take up to the (higher) lead cap.
                 self.signals.window.extend(st.allocator.serving_bound_ms(now, max_lead));
-                let wider = (requested || st.allocator.needs_capped_extension(now, window_ahead, max_lead))
-                    .then(|| st.allocator.prepare_capped_extension(now, window_ahead, max_lead).ok().flatten())
-                    .flatten();
-                let unchanged = st
-                    .allocator
-                    .epoch()
-                    .map(|epoch| WindowExtension { requested_ms: st.allocator.high_water_ms(), epoch });
+                let wider = (requested
+                    || st.allocator.needs_capped_extension(now, window_ahead, max_lead))
+                .then(|| {
+                    st.allocator
+                        .prepare_capped_extension(now, window_ahead, max_lead)
+                        .ok()
+                        .flatten()
+                })
+                .flatten();
+                let unchanged = st.allocator.epoch().map(|epoch| WindowExtension {
+                    requested_ms: st.allocator.high_water_ms(),
+                    epoch,
+                });
                 wider.or(unchanged.filter(|_| heartbeat))
             };
             if requested {
@@ -444,7 +452,9 @@ impl Worker {
         };
         let Some(actual) = actual else {
             // No row at our epoch: the table was recreated or restored underneath us.
-            pgrx::warning!("tsoracle high-water row is missing or at another epoch; running the fence again");
+            pgrx::warning!(
+                "tsoracle high-water row is missing or at another epoch; running the fence again"
+            );
             return false;
         };
         crate::replica::confirm_replicated();
@@ -468,7 +478,9 @@ impl Worker {
             let mut st = ORACLE.exclusive();
             let result = st.allocator.commit_window_extension(actual_ms, epoch);
             if result.is_ok() {
-                self.signals.window.extend(st.allocator.serving_bound_ms(now_ms(), guc::max_lead_ms()));
+                self.signals
+                    .window
+                    .extend(st.allocator.serving_bound_ms(now_ms(), guc::max_lead_ms()));
                 st.worker_commits += 1;
                 st.max_committed_ms = st.max_committed_ms.max(actual_ms);
             }

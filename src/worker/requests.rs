@@ -39,21 +39,31 @@ impl Worker {
         let mut leases = self.leases.clone();
         let requests = taken.clone();
         let mut statements = self.seq_statements.take();
-        let (replies, high_water, leases, statements, refused) = BackgroundWorker::transaction(move || {
-            if let Some(why) = super::strict_mode_refusal() {
-                let replies = vec![Reply::err(ReplyCode::Refused); requests.len()];
-                return (replies, window, leases, statements, Some(why));
-            }
-            let checks = Checks::new(&requests, ascii_only);
-            let prepared = statements.get_or_insert_with(SeqStatements::prepare);
-            let mut replies = advance_sequences(prepared, &requests, &checks);
-            let high_water = mutate_leases(&requests, &mut replies, &mut leases, &checks, now, window, epoch);
-            (replies, high_water, leases, statements, None)
-        });
+        let (replies, high_water, leases, statements, refused) =
+            BackgroundWorker::transaction(move || {
+                if let Some(why) = super::strict_mode_refusal() {
+                    let replies = vec![Reply::err(ReplyCode::Refused); requests.len()];
+                    return (replies, window, leases, statements, Some(why));
+                }
+                let checks = Checks::new(&requests, ascii_only);
+                let prepared = statements.get_or_insert_with(SeqStatements::prepare);
+                let mut replies = advance_sequences(prepared, &requests, &checks);
+                let high_water = mutate_leases(
+                    &requests,
+                    &mut replies,
+                    &mut leases,
+                    &checks,
+                    now,
+                    window,
+                    epoch,
+                );
+                (replies, high_water, leases, statements, None)
+            });
         self.seq_statements = statements;
         crate::replica::confirm_replicated();
         if refused.is_none() {
-            self.signals.confirm_until(commit_started_ms.saturating_add(crate::guc::window_ahead_ms()));
+            self.signals
+                .confirm_until(commit_started_ms.saturating_add(crate::guc::window_ahead_ms()));
         }
         self.leases = leases;
         self.publish_lease_bounds();
@@ -80,7 +90,10 @@ impl Worker {
                 let mut queue = guard.queue();
                 queue.header.group_commits += 1;
                 queue.header.grouped_requests += taken.len() as u64;
-                by_call.iter().filter_map(|(ticket, replies)| queue.answer(*ticket, replies)).collect()
+                by_call
+                    .iter()
+                    .filter_map(|(ticket, replies)| queue.answer(*ticket, replies))
+                    .collect()
             }
             Err(_) => Vec::new(),
         };

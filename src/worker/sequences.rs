@@ -49,12 +49,18 @@ impl SeqStatements {
 /// The sequence part of a group commit: read the touched counters (locked), check who may
 /// use them, plan every block in queue order (pure, `plan_group`), write each moved counter
 /// once, then drop the keys asked to be dropped.
-pub(super) fn advance_sequences(statements: &SeqStatements, taken: &[(Ticket, Request)], checks: &Checks) -> Vec<Reply> {
+pub(super) fn advance_sequences(
+    statements: &SeqStatements,
+    taken: &[(Ticket, Request)],
+    checks: &Checks,
+) -> Vec<Reply> {
     let mut replies = vec![Reply::default(); taken.len()];
     let seq: Vec<(usize, &Request)> = taken
         .iter()
         .enumerate()
-        .filter(|(_, (_, r))| matches!(r.kind, RequestKind::SeqAdvance | RequestKind::SeqPeek | RequestKind::SeqDrop))
+        .filter(|(_, (_, r))| {
+            matches!(r.kind, RequestKind::SeqAdvance | RequestKind::SeqPeek | RequestKind::SeqDrop)
+        })
         .map(|(i, (_, r))| (i, r))
         .collect();
     if seq.is_empty() {
@@ -72,7 +78,10 @@ pub(super) fn advance_sequences(statements: &SeqStatements, taken: &[(Ticket, Re
         rows.map(|row| {
             Ok((
                 row.get::<String>(1)?.unwrap_or_default(),
-                (row.get::<i64>(2)?.unwrap_or(0), u32::try_from(row.get::<i64>(3)?.unwrap_or(0)).unwrap_or(0)),
+                (
+                    row.get::<i64>(2)?.unwrap_or(0),
+                    u32::try_from(row.get::<i64>(3)?.unwrap_or(0)).unwrap_or(0),
+                ),
             ))
         })
         .collect::<Result<HashMap<_, _>, pgrx::spi::Error>>()
@@ -80,7 +89,8 @@ pub(super) fn advance_sequences(statements: &SeqStatements, taken: &[(Ticket, Re
     .unwrap_or_else(|e| pgrx::error!("tsoracle could not read the sequence counters: {e}"));
 
     // Owners of keys this group creates: the role of the first call that names them.
-    let mut owners: HashMap<&str, u32> = current.iter().map(|(k, &(_, owner))| (k.as_str(), owner)).collect();
+    let mut owners: HashMap<&str, u32> =
+        current.iter().map(|(k, &(_, owner))| (k.as_str(), owner)).collect();
     // Calls (batches) refused whole: a key they may not use, or cannot store.
     let mut refused: HashMap<u64, ReplyCode> = HashMap::new();
     let mut denied_owner: HashMap<u64, u32> = HashMap::new();
@@ -110,16 +120,24 @@ pub(super) fn advance_sequences(statements: &SeqStatements, taken: &[(Ticket, Re
     } else {
         0
     };
-    let current_ref: HashMap<&str, i64> = current.iter().map(|(k, &(next, _))| (k.as_str(), next)).collect();
+    let current_ref: HashMap<&str, i64> =
+        current.iter().map(|(k, &(next, _))| (k.as_str(), next)).collect();
     let requests: Vec<SeqRequest> = advances.iter().map(|(_, r)| r.clone()).collect();
     let plan = plan_group(&requests, &current_ref, existing_keys, guc::max_seq_keys());
 
     if !plan.updates.is_empty() {
         let keys: Vec<String> = plan.updates.iter().map(|(k, _)| k.clone()).collect();
         let values: Vec<i64> = plan.updates.iter().map(|(_, v)| *v).collect();
-        let key_owners: Vec<i64> = keys.iter().map(|k| i64::from(owners.get(k.as_str()).copied().unwrap_or(0))).collect();
+        let key_owners: Vec<i64> =
+            keys.iter().map(|k| i64::from(owners.get(k.as_str()).copied().unwrap_or(0))).collect();
         Spi::connect_mut(|client| {
-            client.update(&statements.store_counters, None, &[keys.into(), values.into(), key_owners.into()]).map(|_| ())
+            client
+                .update(
+                    &statements.store_counters,
+                    None,
+                    &[keys.into(), values.into(), key_owners.into()],
+                )
+                .map(|_| ())
         })
         .unwrap_or_else(|e| pgrx::error!("tsoracle could not advance the sequence counters: {e}"));
     }
@@ -137,7 +155,9 @@ pub(super) fn advance_sequences(statements: &SeqStatements, taken: &[(Ticket, Re
         let known = current.get(r.name()).map(|&(_, owner)| owner);
         replies[i] = match r.kind {
             RequestKind::SeqAdvance => match refused.get(&r.batch) {
-                Some(ReplyCode::PermissionDenied) => denied(denied_owner.get(&r.batch).copied().unwrap_or(0)),
+                Some(ReplyCode::PermissionDenied) => {
+                    denied(denied_owner.get(&r.batch).copied().unwrap_or(0))
+                }
                 Some(&code) => Reply::err(code),
                 None => continue,
             },
@@ -148,12 +168,19 @@ pub(super) fn advance_sequences(statements: &SeqStatements, taken: &[(Ticket, Re
                     None => Reply::err(ReplyCode::Null),
                 },
             },
-            RequestKind::SeqDrop => match known.or_else(|| owners.get(r.name()).copied().filter(|_| after.contains_key(r.name()))) {
+            RequestKind::SeqDrop => match known
+                .or_else(|| owners.get(r.name()).copied().filter(|_| after.contains_key(r.name())))
+            {
                 None => Reply::err(ReplyCode::Null),
                 Some(owner) if !checks.may_manage(r.role, owner) => denied(owner),
                 Some(_) => {
-                    Spi::run_with_args("DELETE FROM tsoracle.seq WHERE key OPERATOR(pg_catalog.=) $1", &[r.name().into()])
-                        .unwrap_or_else(|e| pgrx::error!("tsoracle could not drop a sequence key: {e}"));
+                    Spi::run_with_args(
+                        "DELETE FROM tsoracle.seq WHERE key OPERATOR(pg_catalog.=) $1",
+                        &[r.name().into()],
+                    )
+                    .unwrap_or_else(|e| {
+                        pgrx::error!("tsoracle could not drop a sequence key: {e}")
+                    });
                     Reply::ok(1)
                 }
             },

@@ -44,9 +44,7 @@ pub struct PrimaryPointer {
 
 impl PrimaryPointer {
     pub fn new(node: &Node) -> Self {
-        PrimaryPointer {
-            inner: Arc::new(RwLock::new((0, node.endpoint()))),
-        }
+        PrimaryPointer { inner: Arc::new(RwLock::new((0, node.endpoint()))) }
     }
 
     /// Point at `node`; threads connected elsewhere reconnect before their next call.
@@ -106,7 +104,12 @@ pub struct MixedLoad {
 }
 
 impl MixedLoad {
-    pub fn start(target: PrimaryPointer, opts: MixedLoadOptions, ts: History, dense: DenseHistory) -> MixedLoad {
+    pub fn start(
+        target: PrimaryPointer,
+        opts: MixedLoadOptions,
+        ts: History,
+        dense: DenseHistory,
+    ) -> MixedLoad {
         assert!(!opts.seq_keys.is_empty() || opts.seq_share == 0.0, "seq_share needs seq_keys");
         let stop = Arc::new(AtomicBool::new(false));
         let deadline = Instant::now() + opts.duration.min(MAX_LOAD_DURATION);
@@ -213,7 +216,9 @@ fn mixed_worker(
         let start = Instant::now();
         let r: std::result::Result<i64, postgres::Error> = match &op {
             MixedOp::Next => client.query_one("SELECT tso_next()", &[]).and_then(|r| r.try_get(0)),
-            MixedOp::Batch(k) => client.query_one("SELECT tso_next_batch($1)", &[k]).and_then(|r| r.try_get(0)),
+            MixedOp::Batch(k) => {
+                client.query_one("SELECT tso_next_batch($1)", &[k]).and_then(|r| r.try_get(0))
+            }
             MixedOp::Seq(key, k) => client
                 .query_one("SELECT tso_seq($1::text, $2::int)", &[&opts.seq_keys[*key], k])
                 .and_then(|r| r.try_get(0)),
@@ -226,7 +231,9 @@ fn mixed_worker(
                 match op {
                     MixedOp::Next => ts.record_ok(start, end, &node, first, 1),
                     MixedOp::Batch(k) => ts.record_ok(start, end, &node, first, k as i64),
-                    MixedOp::Seq(key, k) => dense.record_ok(start, end, &node, &opts.seq_keys[key], first, k as i64),
+                    MixedOp::Seq(key, k) => {
+                        dense.record_ok(start, end, &node, &opts.seq_keys[key], first, k as i64)
+                    }
                 }
             }
             Err(e) => {
@@ -236,7 +243,9 @@ fn mixed_worker(
                 match op {
                     MixedOp::Next => ts.record_err(start, end, &node, msg, 1),
                     MixedOp::Batch(k) => ts.record_err(start, end, &node, msg, k as i64),
-                    MixedOp::Seq(key, k) => dense.record_err(start, end, &node, &opts.seq_keys[key], msg, k as i64),
+                    MixedOp::Seq(key, k) => {
+                        dense.record_err(start, end, &node, &opts.seq_keys[key], msg, k as i64)
+                    }
                 }
                 let closed = conn.as_ref().is_none_or(|(c, _, _)| c.is_closed());
                 let not_serving = e.code() == Some(&SqlState::CANNOT_CONNECT_NOW);
@@ -276,7 +285,11 @@ pub fn current_wal_lsn(primary: &Node) -> Result<String> {
 /// `pg_stat_replication` and has flushed everything the primary had written at that moment
 /// (so commits from before the standby became synchronous are on it too).
 pub fn make_sync(primary: &mut Node, standby_app: &str) -> Result<()> {
-    let names = if standby_app == "*" { "*".to_string() } else { format!("\"{}\"", standby_app.replace('"', "\"\"")) };
+    let names = if standby_app == "*" {
+        "*".to_string()
+    } else {
+        format!("\"{}\"", standby_app.replace('"', "\"\""))
+    };
     primary.set_conf("synchronous_standby_names", names)?;
     wait_sync(primary, standby_app)
 }
@@ -298,15 +311,25 @@ pub fn wait_sync(primary: &Node, standby_app: &str) -> Result<()> {
         let sync = rows.iter().find(|r| r.get::<_, Option<String>>(2).as_deref() == Some("sync"));
         if let Some(r) = sync {
             match &target {
-                None => target = Some(lsn_text(&mut c, "SELECT pg_current_wal_lsn()::text")?.unwrap_or_default()),
+                None => {
+                    target = Some(
+                        lsn_text(&mut c, "SELECT pg_current_wal_lsn()::text")?.unwrap_or_default(),
+                    )
+                }
                 Some(_) if r.get::<_, Option<bool>>(4) == Some(true) => return Ok(()),
-                Some(t) => last = format!("sync, flushed {:?} < {t}", r.get::<_, Option<String>>(3)),
+                Some(t) => {
+                    last = format!("sync, flushed {:?} < {t}", r.get::<_, Option<String>>(3))
+                }
             }
         } else {
             last = format!(
                 "{:?}",
                 rows.iter()
-                    .map(|r| (r.get::<_, Option<String>>(0), r.get::<_, Option<String>>(1), r.get::<_, Option<String>>(2)))
+                    .map(|r| (
+                        r.get::<_, Option<String>>(0),
+                        r.get::<_, Option<String>>(1),
+                        r.get::<_, Option<String>>(2)
+                    ))
                     .collect::<Vec<_>>()
             );
         }
@@ -355,7 +378,8 @@ pub fn wait_replayed(primary: &Node, standby: &Node) -> Result<String> {
 /// already has and never reconnects to its primary. Returns the removed lines.
 pub fn remove_primary_conninfo(standby: &Node) -> Result<Vec<String>> {
     let path = standby.datadir().join("postgresql.auto.conf");
-    let text = fs::read_to_string(&path).map_err(|e| HarnessError::io(format!("read {}", path.display()), e))?;
+    let text = fs::read_to_string(&path)
+        .map_err(|e| HarnessError::io(format!("read {}", path.display()), e))?;
     let (removed, kept): (Vec<&str>, Vec<&str>) =
         text.lines().partition(|l| l.trim_start().starts_with("primary_conninfo"));
     let mut out = kept.join("\n");
@@ -397,32 +421,42 @@ pub fn wait_end_of_local_wal(standby: &Node, min_lsn: &str) -> Result<String> {
 // ============================================================================ tsoracle
 
 /// The tsoracle worker as `pg_stat_activity` shows it: (pid, wait_event).
-pub fn worker_activity(c: &mut Client) -> std::result::Result<Option<(i32, Option<String>)>, postgres::Error> {
-    Ok(c
-        .query_opt(
-            "SELECT pid, wait_event FROM pg_stat_activity WHERE backend_type = 'tsoracle worker'",
-            &[],
-        )?
-        .map(|r| (r.get(0), r.get(1))))
+pub fn worker_activity(
+    c: &mut Client,
+) -> std::result::Result<Option<(i32, Option<String>)>, postgres::Error> {
+    Ok(c.query_opt(
+        "SELECT pid, wait_event FROM pg_stat_activity WHERE backend_type = 'tsoracle worker'",
+        &[],
+    )?
+    .map(|r| (r.get(0), r.get(1))))
 }
 
 /// `tso_status().promotion_to_first_ts_ms`.
-pub fn promotion_to_first_ts_ms(c: &mut Client) -> std::result::Result<Option<i64>, postgres::Error> {
+pub fn promotion_to_first_ts_ms(
+    c: &mut Client,
+) -> std::result::Result<Option<i64>, postgres::Error> {
     c.query_one("SELECT promotion_to_first_ts_ms FROM tso_status()", &[])?.try_get(0)
 }
 
 /// Call `tso_next()` on `c` until it succeeds (retrying 57P03 every millisecond, bounded by
 /// `timeout`); returns the value and the time from `since`. Other errors are returned.
-pub fn first_timestamp(c: &mut Client, since: Instant, timeout: Duration) -> Result<(i64, Duration)> {
+pub fn first_timestamp(
+    c: &mut Client,
+    since: Instant,
+    timeout: Duration,
+) -> Result<(i64, Duration)> {
     let deadline = Instant::now() + timeout;
     loop {
-        let last = match c.query_one("SELECT tso_next()", &[]).and_then(|r| r.try_get::<_, i64>(0)) {
+        let last = match c.query_one("SELECT tso_next()", &[]).and_then(|r| r.try_get::<_, i64>(0))
+        {
             Ok(v) => return Ok((v, since.elapsed())),
             Err(e) if e.code() == Some(&SqlState::CANNOT_CONNECT_NOW) => pg_error_string(&e),
             Err(e) => return Err(e.into()),
         };
         if Instant::now() > deadline {
-            return Err(HarnessError::Timeout(format!("no timestamp within {timeout:?}; last: {last}")));
+            return Err(HarnessError::Timeout(format!(
+                "no timestamp within {timeout:?}; last: {last}"
+            )));
         }
         std::thread::sleep(Duration::from_millis(1));
     }
@@ -439,7 +473,10 @@ pub fn promote(standby: &Node) -> Result<Duration> {
     let t0 = Instant::now();
     let signalled: bool = c.query_one("SELECT pg_promote(false)", &[])?.get(0);
     if !signalled {
-        return Err(HarnessError::Other(format!("node {}: pg_promote(false) returned false", standby.name())));
+        return Err(HarnessError::Other(format!(
+            "node {}: pg_promote(false) returned false",
+            standby.name()
+        )));
     }
     let deadline = t0 + CLUSTER_WAIT;
     loop {

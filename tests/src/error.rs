@@ -11,11 +11,7 @@ pub enum HarnessError {
         source: std::io::Error,
     },
     #[error("command failed: {cmd} ({status})\n{output}")]
-    Command {
-        cmd: String,
-        status: String,
-        output: String,
-    },
+    Command { cmd: String, status: String, output: String },
     #[error("timed out: {0}")]
     Timeout(String),
     #[error("{}", pg_error_string(.0))]
@@ -26,10 +22,7 @@ pub enum HarnessError {
 
 impl HarnessError {
     pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
-        HarnessError::Io {
-            context: context.into(),
-            source,
-        }
+        HarnessError::Io { context: context.into(), source }
     }
 
     /// The SQLSTATE, when this is a server error.

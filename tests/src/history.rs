@@ -106,10 +106,7 @@ impl Default for History {
 
 impl History {
     pub fn new() -> Self {
-        History {
-            origin: Instant::now(),
-            calls: Arc::new(Mutex::new(Vec::new())),
-        }
+        History { origin: Instant::now(), calls: Arc::new(Mutex::new(Vec::new())) }
     }
 
     /// Reference instant for readable reports (times are printed relative to it).
@@ -122,23 +119,18 @@ impl History {
     }
 
     pub fn record_ok(&self, start: Instant, end: Instant, node: &str, first: i64, count: i64) {
-        self.record(Call {
-            start,
-            end,
-            node: node.to_string(),
-            result: Ok(first),
-            count,
-        });
+        self.record(Call { start, end, node: node.to_string(), result: Ok(first), count });
     }
 
-    pub fn record_err(&self, start: Instant, end: Instant, node: &str, error: impl Into<String>, count: i64) {
-        self.record(Call {
-            start,
-            end,
-            node: node.to_string(),
-            result: Err(error.into()),
-            count,
-        });
+    pub fn record_err(
+        &self,
+        start: Instant,
+        end: Instant,
+        node: &str,
+        error: impl Into<String>,
+        count: i64,
+    ) {
+        self.record(Call { start, end, node: node.to_string(), result: Err(error.into()), count });
     }
 
     /// A copy of the calls recorded so far.
@@ -181,7 +173,9 @@ impl History {
 
     /// Successful calls entirely inside `[from, to]`.
     pub fn ok_calls_within(&self, from: Instant, to: Instant) -> usize {
-        self.with_calls(|c| c.iter().filter(|c| c.is_ok() && c.start >= from && c.end <= to).count())
+        self.with_calls(|c| {
+            c.iter().filter(|c| c.is_ok() && c.start >= from && c.end <= to).count()
+        })
     }
 
     /// Smallest first and largest last value of the successful calls entirely inside
@@ -233,13 +227,7 @@ fn describe(c: &Call, origin: Instant) -> String {
         Ok(f) => format!("ok [{}, {}) (count {})", f, f.saturating_add(c.count), c.count),
         Err(e) => format!("error {e:?} (count {})", c.count),
     };
-    format!(
-        "<{} {} during {}..{}>",
-        c.node,
-        what,
-        rel_ms(c.start, origin),
-        rel_ms(c.end, origin)
-    )
+    format!("<{} {} during {}..{}>", c.node, what, rel_ms(c.start, origin), rel_ms(c.end, origin))
 }
 
 /// Check a slice of calls (times reported relative to the earliest start).
@@ -248,13 +236,9 @@ pub fn check_calls(calls: &[Call]) -> Result<HistoryReport, Violation> {
 }
 
 fn check_calls_from(calls: &[Call], origin: Option<Instant>) -> Result<HistoryReport, Violation> {
-    let origin = origin
-        .or_else(|| calls.iter().map(|c| c.start).min())
-        .unwrap_or_else(Instant::now);
-    let mut report = HistoryReport {
-        calls: calls.len(),
-        ..Default::default()
-    };
+    let origin =
+        origin.or_else(|| calls.iter().map(|c| c.start).min()).unwrap_or_else(Instant::now);
+    let mut report = HistoryReport { calls: calls.len(), ..Default::default() };
     let mut spans: Vec<Span> = Vec::with_capacity(calls.len());
     for (i, c) in calls.iter().enumerate() {
         if c.end < c.start {
@@ -289,13 +273,7 @@ fn check_calls_from(calls: &[Call], origin: Option<Instant>) -> Result<HistoryRe
                 let last = first + c.count - 1;
                 report.min_value = Some(report.min_value.map_or(first, |m| m.min(first)));
                 report.max_value = Some(report.max_value.map_or(last, |m| m.max(last)));
-                spans.push(Span {
-                    start: c.start,
-                    end: c.end,
-                    first,
-                    last,
-                    idx: i,
-                });
+                spans.push(Span { start: c.start, end: c.end, first, last, idx: i });
             }
         }
     }
@@ -431,17 +409,22 @@ impl Default for DenseHistory {
 
 impl DenseHistory {
     pub fn new() -> Self {
-        DenseHistory {
-            origin: Instant::now(),
-            calls: Arc::new(Mutex::new(Vec::new())),
-        }
+        DenseHistory { origin: Instant::now(), calls: Arc::new(Mutex::new(Vec::new())) }
     }
 
     pub fn record(&self, call: DenseCall) {
         self.calls.lock().unwrap_or_else(|p| p.into_inner()).push(call);
     }
 
-    pub fn record_ok(&self, start: Instant, end: Instant, node: &str, key: &str, first: i64, count: i64) {
+    pub fn record_ok(
+        &self,
+        start: Instant,
+        end: Instant,
+        node: &str,
+        key: &str,
+        first: i64,
+        count: i64,
+    ) {
         self.record(DenseCall {
             start,
             end,
@@ -485,7 +468,10 @@ impl DenseHistory {
 
     /// Check every key; `totals` (key → counter value read back from the server) makes the
     /// tiling exact up to that value, otherwise up to the end of the highest block.
-    pub fn check(&self, totals: Option<&BTreeMap<String, i64>>) -> Result<DenseReport, DenseViolation> {
+    pub fn check(
+        &self,
+        totals: Option<&BTreeMap<String, i64>>,
+    ) -> Result<DenseReport, DenseViolation> {
         let calls = self.calls.lock().unwrap_or_else(|p| p.into_inner());
         check_dense_from(&calls, totals, Some(self.origin))
     }
@@ -496,17 +482,14 @@ fn describe_dense(c: &DenseCall, origin: Instant) -> String {
         Ok(f) => format!("ok [{}, {}) (count {})", f, f.saturating_add(c.count), c.count),
         Err(e) => format!("error {e:?} (count {})", c.count),
     };
-    format!(
-        "<{} {} during {}..{}>",
-        c.node,
-        what,
-        rel_ms(c.start, origin),
-        rel_ms(c.end, origin)
-    )
+    format!("<{} {} during {}..{}>", c.node, what, rel_ms(c.start, origin), rel_ms(c.end, origin))
 }
 
 /// Check dense blocks per key (see the module documentation).
-pub fn check_dense(calls: &[DenseCall], totals: Option<&BTreeMap<String, i64>>) -> Result<DenseReport, DenseViolation> {
+pub fn check_dense(
+    calls: &[DenseCall],
+    totals: Option<&BTreeMap<String, i64>>,
+) -> Result<DenseReport, DenseViolation> {
     check_dense_from(calls, totals, None)
 }
 
@@ -515,9 +498,8 @@ fn check_dense_from(
     totals: Option<&BTreeMap<String, i64>>,
     origin: Option<Instant>,
 ) -> Result<DenseReport, DenseViolation> {
-    let origin = origin
-        .or_else(|| calls.iter().map(|c| c.start).min())
-        .unwrap_or_else(Instant::now);
+    let origin =
+        origin.or_else(|| calls.iter().map(|c| c.start).min()).unwrap_or_else(Instant::now);
     let mut by_key: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
     for (i, c) in calls.iter().enumerate() {
         by_key.entry(c.key.as_str()).or_default().push(i);
@@ -671,7 +653,15 @@ fn explain_gaps(gaps: &[i64], counts: &[i64]) -> Option<bool> {
 }
 
 /// Fill gap `gi` (remaining `rem`) using sizes from index `si` on, then the next gaps.
-fn fill(gaps: &[i64], gi: usize, rem: i64, si: usize, sizes: &[i64], mult: &mut [i64], budget: &mut u64) -> Option<bool> {
+fn fill(
+    gaps: &[i64],
+    gi: usize,
+    rem: i64,
+    si: usize,
+    sizes: &[i64],
+    mult: &mut [i64],
+    budget: &mut u64,
+) -> Option<bool> {
     if *budget == 0 {
         return None;
     }
@@ -718,13 +708,7 @@ mod tests {
     }
 
     fn ok(base: Instant, s: u64, e: u64, first: i64, count: i64) -> Call {
-        Call {
-            start: at(base, s),
-            end: at(base, e),
-            node: "n".into(),
-            result: Ok(first),
-            count,
-        }
+        Call { start: at(base, s), end: at(base, e), node: "n".into(), result: Ok(first), count }
     }
 
     fn err(base: Instant, s: u64, e: u64, count: i64) -> Call {
@@ -835,7 +819,10 @@ mod tests {
         let b = Instant::now();
         assert!(matches!(check_calls(&[ok(b, 0, 1, 5, 0)]), Err(Violation::Malformed { .. })));
         assert!(matches!(check_calls(&[ok(b, 0, 1, -1, 1)]), Err(Violation::Malformed { .. })));
-        assert!(matches!(check_calls(&[ok(b, 0, 1, i64::MAX, 2)]), Err(Violation::Malformed { .. })));
+        assert!(matches!(
+            check_calls(&[ok(b, 0, 1, i64::MAX, 2)]),
+            Err(Violation::Malformed { .. })
+        ));
         assert!(matches!(check_calls(&[ok(b, 3, 1, 5, 1)]), Err(Violation::Malformed { .. })));
     }
 
@@ -844,9 +831,7 @@ mod tests {
         let h = History::new();
         let b = h.origin();
         let h2 = h.clone();
-        std::thread::spawn(move || h2.record_ok(at(b, 0), at(b, 1), "x", 7, 3))
-            .join()
-            .unwrap();
+        std::thread::spawn(move || h2.record_ok(at(b, 0), at(b, 1), "x", 7, 3)).join().unwrap();
         h.record_err(at(b, 2), at(b, 3), "x", "down", 1);
         h.record_ok(at(b, 4), at(b, 5), "y", 20, 1);
         assert_eq!(h.len(), 3);
@@ -870,7 +855,12 @@ mod tests {
                     if std::ptr::eq(*a, *b) {
                         continue;
                     }
-                    let (af, al, bf, bl) = (a.first().unwrap(), a.last().unwrap(), b.first().unwrap(), b.last().unwrap());
+                    let (af, al, bf, bl) = (
+                        a.first().unwrap(),
+                        a.last().unwrap(),
+                        b.first().unwrap(),
+                        b.last().unwrap(),
+                    );
                     if af <= bl && bf <= al {
                         return false;
                     }
@@ -894,7 +884,11 @@ mod tests {
                     let e = s + rng.range_inclusive(0, 10) as u64;
                     let lp = rng.range_inclusive(s as i64, e as i64) as u64;
                     let count = rng.range_inclusive(1, 4);
-                    let c = if rng.chance(0.15) { err(base, s, e, count) } else { ok(base, s, e, 0, count) };
+                    let c = if rng.chance(0.15) {
+                        err(base, s, e, count)
+                    } else {
+                        ok(base, s, e, 0, count)
+                    };
                     (lp, c)
                 })
                 .collect();
@@ -922,7 +916,10 @@ mod tests {
                 invalid += 1;
             }
         }
-        assert!(valid > 500 && invalid > 200, "generator coverage: {valid} valid, {invalid} invalid");
+        assert!(
+            valid > 500 && invalid > 200,
+            "generator coverage: {valid} valid, {invalid} invalid"
+        );
     }
 
     // ------------------------------------------------------------------ dense
@@ -960,7 +957,10 @@ mod tests {
             dok(b, 5, 6, "b", 3, 3),
         ];
         let r = check_dense(&calls, None).unwrap();
-        assert_eq!(r.keys["a"], KeyReport { ok_calls: 3, err_calls: 0, total: 16, covered: 16, gaps: vec![] });
+        assert_eq!(
+            r.keys["a"],
+            KeyReport { ok_calls: 3, err_calls: 0, total: 16, covered: 16, gaps: vec![] }
+        );
         assert_eq!(r.keys["b"].total, 6);
         let totals: BTreeMap<String, i64> = [("a".to_string(), 16), ("b".to_string(), 6)].into();
         assert!(check_dense(&calls, Some(&totals)).is_ok());
@@ -1021,11 +1021,7 @@ mod tests {
         let calls = vec![derr(b, 0, 1, "a", 3), derr(b, 0, 1, "a", 3), dok(b, 0, 1, "a", 5, 1)];
         assert!(matches!(check_dense(&calls, None), Err(DenseViolation::UnexplainedGaps { .. })));
         // Two gaps of 2, one errored call of 2: each errored call burns one block only.
-        let calls = vec![
-            derr(b, 0, 1, "a", 2),
-            dok(b, 0, 1, "a", 2, 1),
-            dok(b, 0, 1, "a", 5, 1),
-        ];
+        let calls = vec![derr(b, 0, 1, "a", 2), dok(b, 0, 1, "a", 2, 1), dok(b, 0, 1, "a", 5, 1)];
         assert!(matches!(check_dense(&calls, None), Err(DenseViolation::UnexplainedGaps { .. })));
     }
 
@@ -1035,9 +1031,15 @@ mod tests {
         let calls = vec![dok(b, 0, 1, "a", 0, 10)];
         let t = |n: i64| -> BTreeMap<String, i64> { [("a".to_string(), n)].into() };
         // Trailing gap [10, 14) with nothing to explain it.
-        assert!(matches!(check_dense(&calls, Some(&t(14))), Err(DenseViolation::UnexplainedGaps { .. })));
+        assert!(matches!(
+            check_dense(&calls, Some(&t(14))),
+            Err(DenseViolation::UnexplainedGaps { .. })
+        ));
         // A block beyond the counter's value.
-        assert!(matches!(check_dense(&calls, Some(&t(8))), Err(DenseViolation::BeyondTotal { .. })));
+        assert!(matches!(
+            check_dense(&calls, Some(&t(8))),
+            Err(DenseViolation::BeyondTotal { .. })
+        ));
         // The trailing gap explained by a burnt block.
         let mut with_err = calls.clone();
         with_err.push(derr(b, 1, 2, "a", 4));
@@ -1045,7 +1047,10 @@ mod tests {
         assert_eq!(r.keys["a"].gaps, vec![(10, 14)]);
         // A key with a total but no calls at all.
         let none: BTreeMap<String, i64> = [("a".to_string(), 10), ("z".to_string(), 3)].into();
-        assert!(matches!(check_dense(&calls, Some(&none)), Err(DenseViolation::UnexplainedGaps { .. })));
+        assert!(matches!(
+            check_dense(&calls, Some(&none)),
+            Err(DenseViolation::UnexplainedGaps { .. })
+        ));
     }
 
     #[test]
@@ -1059,8 +1064,14 @@ mod tests {
     #[test]
     fn dense_malformed_is_caught() {
         let b = Instant::now();
-        assert!(matches!(check_dense(&[dok(b, 0, 1, "a", 0, 0)], None), Err(DenseViolation::Malformed { .. })));
-        assert!(matches!(check_dense(&[dok(b, 0, 1, "a", -3, 3)], None), Err(DenseViolation::Malformed { .. })));
+        assert!(matches!(
+            check_dense(&[dok(b, 0, 1, "a", 0, 0)], None),
+            Err(DenseViolation::Malformed { .. })
+        ));
+        assert!(matches!(
+            check_dense(&[dok(b, 0, 1, "a", -3, 3)], None),
+            Err(DenseViolation::Malformed { .. })
+        ));
     }
 
     #[test]
@@ -1112,9 +1123,15 @@ mod tests {
         }
         let mut rng = SplitMix64::new(7);
         for _ in 0..2000 {
-            let gaps: Vec<i64> = (0..rng.range_inclusive(0, 3)).map(|_| rng.range_inclusive(1, 9)).collect();
-            let counts: Vec<i64> = (0..rng.range_inclusive(0, 6)).map(|_| rng.range_inclusive(1, 6)).collect();
-            assert_eq!(explain_gaps(&gaps, &counts), Some(brute(&gaps, &counts)), "gaps {gaps:?} counts {counts:?}");
+            let gaps: Vec<i64> =
+                (0..rng.range_inclusive(0, 3)).map(|_| rng.range_inclusive(1, 9)).collect();
+            let counts: Vec<i64> =
+                (0..rng.range_inclusive(0, 6)).map(|_| rng.range_inclusive(1, 6)).collect();
+            assert_eq!(
+                explain_gaps(&gaps, &counts),
+                Some(brute(&gaps, &counts)),
+                "gaps {gaps:?} counts {counts:?}"
+            );
         }
     }
 }

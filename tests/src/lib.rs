@@ -35,8 +35,7 @@ pub use load::{ops, Endpoint, Load, LoadOptions, LoadStats, Op};
 pub use node::{Node, NodeOpts, StopMode};
 pub use rng::SplitMix64;
 pub use tso::{
-    expect_sqlstate, logical, now_ms, physical, wait_serving, TsoStatus, LOGICAL_BITS,
-    LOGICAL_MASK,
+    expect_sqlstate, logical, now_ms, physical, wait_serving, TsoStatus, LOGICAL_BITS, LOGICAL_MASK,
 };
 
 pub type Result<T, E = HarnessError> = std::result::Result<T, E>;

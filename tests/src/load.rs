@@ -39,10 +39,7 @@ impl std::fmt::Debug for Endpoint {
 
 impl Endpoint {
     pub fn new(name: &str, resolve: impl Fn() -> String + Send + Sync + 'static) -> Self {
-        Endpoint {
-            name: name.to_string(),
-            resolve: Arc::new(resolve),
-        }
+        Endpoint { name: name.to_string(), resolve: Arc::new(resolve) }
     }
 
     pub fn fixed(name: &str, conninfo: &str) -> Self {
@@ -69,7 +66,8 @@ impl Endpoint {
 }
 
 /// One operation: returns `(first, count)` of the values it obtained.
-pub type Op = Arc<dyn Fn(&mut Client, &mut SplitMix64) -> Result<(i64, i64), postgres::Error> + Send + Sync>;
+pub type Op =
+    Arc<dyn Fn(&mut Client, &mut SplitMix64) -> Result<(i64, i64), postgres::Error> + Send + Sync>;
 
 /// Ready-made operations.
 pub mod ops {
@@ -137,11 +135,7 @@ impl Default for LoadOptions {
 
 impl LoadOptions {
     pub fn new(threads: usize, duration: Duration) -> Self {
-        LoadOptions {
-            threads,
-            duration,
-            ..Default::default()
-        }
+        LoadOptions { threads, duration, ..Default::default() }
     }
 }
 
@@ -186,7 +180,8 @@ impl Load {
         let handles = (0..opts.threads)
             .map(|i| {
                 let ep = endpoints[i % endpoints.len()].clone();
-                let (stop, op, history, opts) = (stop.clone(), op.clone(), history.clone(), opts.clone());
+                let (stop, op, history, opts) =
+                    (stop.clone(), op.clone(), history.clone(), opts.clone());
                 std::thread::Builder::new()
                     .name(format!("load-{i}"))
                     .spawn(move || worker(ep, op, history, stop, deadline, opts))
@@ -197,7 +192,12 @@ impl Load {
     }
 
     /// Start, wait for `opts.duration`, join.
-    pub fn run(endpoints: Vec<Endpoint>, opts: LoadOptions, op: Op, history: &History) -> LoadStats {
+    pub fn run(
+        endpoints: Vec<Endpoint>,
+        opts: LoadOptions,
+        op: Op,
+        history: &History,
+    ) -> LoadStats {
         Load::start(endpoints, opts, op, history.clone()).join()
     }
 
@@ -239,7 +239,14 @@ impl Drop for Load {
     }
 }
 
-fn worker(ep: Endpoint, op: Op, history: History, stop: Arc<AtomicBool>, deadline: Instant, opts: LoadOptions) -> LoadStats {
+fn worker(
+    ep: Endpoint,
+    op: Op,
+    history: History,
+    stop: Arc<AtomicBool>,
+    deadline: Instant,
+    opts: LoadOptions,
+) -> LoadStats {
     let mut rng = SplitMix64::from_entropy();
     let mut stats = LoadStats::default();
     let mut client: Option<Client> = None;
@@ -280,7 +287,8 @@ fn worker(ep: Endpoint, op: Op, history: History, stop: Arc<AtomicBool>, deadlin
                 history.record_err(start, end, &ep.name, msg, 1);
                 let broken = c.is_closed()
                     || e.as_db_error().is_none()
-                    || e.code().is_some_and(|s| s.code().starts_with("57") || s.code().starts_with("08"));
+                    || e.code()
+                        .is_some_and(|s| s.code().starts_with("57") || s.code().starts_with("08"));
                 if broken {
                     client = None;
                 }

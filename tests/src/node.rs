@@ -110,10 +110,7 @@ pub struct NodeOpts {
 
 impl Default for NodeOpts {
     fn default() -> Self {
-        NodeOpts {
-            preload: true,
-            settings: Vec::new(),
-        }
+        NodeOpts { preload: true, settings: Vec::new() }
     }
 }
 
@@ -163,18 +160,16 @@ impl Node {
     pub fn init(name: &str, opts: NodeOpts) -> Result<Node> {
         let mut node = Node::empty(name)?;
         let mut cmd = node.pg_command("initdb");
-        cmd.arg("-D")
-            .arg(&node.datadir)
-            .args([
-                "--auth=trust",
-                "-U",
-                "postgres",
-                "-E",
-                "UTF8",
-                "--locale=C",
-                "--no-sync",
-                "--no-instructions",
-            ]);
+        cmd.arg("-D").arg(&node.datadir).args([
+            "--auth=trust",
+            "-U",
+            "postgres",
+            "-E",
+            "UTF8",
+            "--locale=C",
+            "--no-sync",
+            "--no-instructions",
+        ]);
         run_cmd(cmd, Duration::from_secs(180))?;
 
         let mut settings = default_settings();
@@ -190,8 +185,11 @@ impl Node {
             .append(true)
             .open(&conf)
             .map_err(|e| HarnessError::io(format!("open {}", conf.display()), e))?;
-        writeln!(f, "\n# tsoracle-tests harness settings (rewritten by set_conf)\ninclude 'harness.conf'")
-            .map_err(|e| HarnessError::io("append include", e))?;
+        writeln!(
+            f,
+            "\n# tsoracle-tests harness settings (rewritten by set_conf)\ninclude 'harness.conf'"
+        )
+        .map_err(|e| HarnessError::io("append include", e))?;
         node.write_conf()?;
         Ok(node)
     }
@@ -321,7 +319,9 @@ impl Node {
     /// SIGHUP the postmaster, then wait (bounded) until a fresh backend shows a newer
     /// `pg_conf_load_time()` (the postmaster reloads before it signals its children).
     pub fn reload(&mut self) -> Result<()> {
-        let pid = self.postmaster_pid().ok_or_else(|| HarnessError::Other("reload: not running".into()))?;
+        let pid = self
+            .postmaster_pid()
+            .ok_or_else(|| HarnessError::Other("reload: not running".into()))?;
         let mut c = self.try_connect(CONNECT_TIMEOUT)?;
         let before: String = c.query_one("SELECT pg_conf_load_time()::text", &[])?.get(0);
         // SAFETY: plain kill(2) on our own child.
@@ -349,7 +349,8 @@ impl Node {
             text.push_str(&format!("{} = '{}'\n", k, v.replace('\'', "''")));
         }
         let path = self.datadir.join("harness.conf");
-        fs::write(&path, text).map_err(|e| HarnessError::io(format!("write {}", path.display()), e))?;
+        fs::write(&path, text)
+            .map_err(|e| HarnessError::io(format!("write {}", path.display()), e))?;
         let (uid, gid) = pg_user()?;
         std::os::unix::fs::chown(&path, Some(uid), Some(gid))
             .map_err(|e| HarnessError::io("chown harness.conf", e))?;
@@ -389,7 +390,12 @@ impl Node {
                     last = log;
                     if attempt >= 2 {
                         let p = pick_port()?;
-                        eprintln!("[harness] node {}: port {} busy, moving to {}", self.name, self.port(), p);
+                        eprintln!(
+                            "[harness] node {}: port {} busy, moving to {}",
+                            self.name,
+                            self.port(),
+                            p
+                        );
                         self.port.store(p, Ordering::SeqCst);
                         self.write_conf()?;
                     } else {
@@ -419,13 +425,13 @@ impl Node {
             .stdin(Stdio::null())
             .stdout(Stdio::from(log))
             .stderr(Stdio::from(log2));
-        let mut child = cmd
-            .spawn()
-            .map_err(|e| HarnessError::io("spawn postgres", e))?;
+        let mut child = cmd.spawn().map_err(|e| HarnessError::io("spawn postgres", e))?;
         let pid = child.id() as i32;
         let deadline = Instant::now() + START_TIMEOUT;
         loop {
-            if let Some(status) = child.try_wait().map_err(|e| HarnessError::io("wait postgres", e))? {
+            if let Some(status) =
+                child.try_wait().map_err(|e| HarnessError::io("wait postgres", e))?
+            {
                 let newlog = read_from(&self.logfile, offset);
                 if newlog.contains("could not bind")
                     || newlog.contains("Address already in use")
@@ -470,9 +476,7 @@ impl Node {
             )));
         }
         let mut cmd = self.pg_command("pg_ctl");
-        cmd.args(["stop", "-D"])
-            .arg(&self.datadir)
-            .args(["-m", mode.as_str(), "-w", "-t", "120"]);
+        cmd.args(["stop", "-D"]).arg(&self.datadir).args(["-m", mode.as_str(), "-w", "-t", "120"]);
         let r = run_cmd(cmd, Duration::from_secs(150));
         if wait_child(&mut child, Duration::from_secs(30)).is_none() {
             let kids = kill_tree(child.id() as i32);
@@ -509,7 +513,10 @@ impl Node {
         }
         let kids = kill_tree(pid);
         if wait_child(&mut child, Duration::from_secs(30)).is_none() {
-            return Err(HarnessError::Timeout(format!("node {}: postmaster survived SIGKILL", self.name)));
+            return Err(HarnessError::Timeout(format!(
+                "node {}: postmaster survived SIGKILL",
+                self.name
+            )));
         }
         wait_gone(&kids, Duration::from_secs(30))?;
         Ok(kids)
@@ -529,7 +536,10 @@ impl Node {
         }
         // SAFETY: kill(2) on a checked pid.
         if unsafe { libc::kill(pid, libc::SIGKILL) } != 0 {
-            return Err(HarnessError::io(format!("kill -9 {pid}"), std::io::Error::last_os_error()));
+            return Err(HarnessError::io(
+                format!("kill -9 {pid}"),
+                std::io::Error::last_os_error(),
+            ));
         }
         Ok(())
     }
@@ -537,11 +547,9 @@ impl Node {
     /// Pids of the postmaster's direct children (backends, auxiliary processes, workers).
     pub fn child_pids(&self) -> Vec<i32> {
         match self.postmaster_pid() {
-            Some(pm) => proc_table()
-                .into_iter()
-                .filter(|&(_, ppid)| ppid == pm)
-                .map(|(p, _)| p)
-                .collect(),
+            Some(pm) => {
+                proc_table().into_iter().filter(|&(_, ppid)| ppid == pm).map(|(p, _)| p).collect()
+            }
             None => Vec::new(),
         }
     }
@@ -592,7 +600,9 @@ impl Node {
                 Err(e) => {
                     // Authentication / unknown role or database will not fix themselves.
                     if let Some(code) = e.code() {
-                        if *code != SqlState::CANNOT_CONNECT_NOW && *code != SqlState::TOO_MANY_CONNECTIONS {
+                        if *code != SqlState::CANNOT_CONNECT_NOW
+                            && *code != SqlState::TOO_MANY_CONNECTIONS
+                        {
                             return Err(e.into());
                         }
                     }
@@ -625,10 +635,24 @@ impl Node {
     /// Run SQL through `psql -X -A -t -v ON_ERROR_STOP=1`; returns its stdout.
     pub fn psql(&self, sql: &str) -> Result<String> {
         let mut cmd = Command::new(pg_bin_dir().join("psql"));
-        cmd.args(["-X", "-A", "-t", "-q", "-v", "ON_ERROR_STOP=1", "-h", "127.0.0.1", "-U", "postgres", "-d", "postgres", "-p"])
-            .arg(self.port().to_string())
-            .arg("-c")
-            .arg(sql);
+        cmd.args([
+            "-X",
+            "-A",
+            "-t",
+            "-q",
+            "-v",
+            "ON_ERROR_STOP=1",
+            "-h",
+            "127.0.0.1",
+            "-U",
+            "postgres",
+            "-d",
+            "postgres",
+            "-p",
+        ])
+        .arg(self.port().to_string())
+        .arg("-c")
+        .arg(sql);
         scrub_env(&mut cmd);
         run_cmd(cmd, Duration::from_secs(120))
     }
@@ -775,7 +799,8 @@ pub(crate) fn pg_user() -> Result<(u32, u32)> {
     static USER: OnceLock<std::result::Result<(u32, u32), String>> = OnceLock::new();
     USER.get_or_init(|| {
         let name = std::env::var("TSORACLE_PG_USER").unwrap_or_else(|_| "postgres".into());
-        let passwd = fs::read_to_string("/etc/passwd").map_err(|e| format!("read /etc/passwd: {e}"))?;
+        let passwd =
+            fs::read_to_string("/etc/passwd").map_err(|e| format!("read /etc/passwd: {e}"))?;
         for line in passwd.lines() {
             let f: Vec<&str> = line.split(':').collect();
             if f.len() >= 4 && f[0] == name {
@@ -805,10 +830,10 @@ fn sanitize(name: &str) -> String {
 
 pub(crate) fn make_base_dir(name: &str, uid: u32, gid: u32) -> Result<PathBuf> {
     static SEQ: AtomicU64 = AtomicU64::new(0);
-    let root = std::env::var_os("TSORACLE_TEST_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(std::env::temp_dir);
-    fs::create_dir_all(&root).map_err(|e| HarnessError::io(format!("create {}", root.display()), e))?;
+    let root =
+        std::env::var_os("TSORACLE_TEST_DIR").map(PathBuf::from).unwrap_or_else(std::env::temp_dir);
+    fs::create_dir_all(&root)
+        .map_err(|e| HarnessError::io(format!("create {}", root.display()), e))?;
     for _ in 0..1000 {
         let n = SEQ.fetch_add(1, Ordering::Relaxed);
         let path = root.join(format!("tso-{}-{}-{}", sanitize(name), std::process::id(), n));
@@ -831,7 +856,8 @@ pub(crate) fn make_base_dir(name: &str, uid: u32, gid: u32) -> Result<PathBuf> {
 pub fn pick_port() -> Result<u16> {
     static USED: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
     for _ in 0..200 {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| HarnessError::io("bind 127.0.0.1:0", e))?;
+        let l = std::net::TcpListener::bind("127.0.0.1:0")
+            .map_err(|e| HarnessError::io("bind 127.0.0.1:0", e))?;
         let port = l.local_addr().map_err(|e| HarnessError::io("local_addr", e))?.port();
         drop(l);
         if USED.lock().unwrap_or_else(|p| p.into_inner()).insert(port) {
@@ -844,7 +870,19 @@ pub fn pick_port() -> Result<u16> {
 pub(crate) fn scrub_env(cmd: &mut Command) {
     // RUST_BACKTRACE (set by cargo test runs) would make the extension attach backtraces
     // to error details, which a real server does not do.
-    for v in ["PGDATA", "PGHOST", "PGHOSTADDR", "PGPORT", "PGUSER", "PGDATABASE", "PGOPTIONS", "PGPASSWORD", "PGSERVICE", "RUST_BACKTRACE", "RUST_LIB_BACKTRACE"] {
+    for v in [
+        "PGDATA",
+        "PGHOST",
+        "PGHOSTADDR",
+        "PGPORT",
+        "PGUSER",
+        "PGDATABASE",
+        "PGOPTIONS",
+        "PGPASSWORD",
+        "PGSERVICE",
+        "RUST_BACKTRACE",
+        "RUST_LIB_BACKTRACE",
+    ] {
         cmd.env_remove(v);
     }
     cmd.env("LC_ALL", "C");
@@ -1002,7 +1040,9 @@ fn wait_gone(pids: &[i32], timeout: Duration) -> Result<()> {
             return Ok(());
         }
         if Instant::now() > deadline {
-            return Err(HarnessError::Timeout(format!("processes still alive after SIGKILL: {alive:?}")));
+            return Err(HarnessError::Timeout(format!(
+                "processes still alive after SIGKILL: {alive:?}"
+            )));
         }
         std::thread::sleep(Duration::from_millis(10));
     }

@@ -58,8 +58,7 @@ pub fn queue_counters(c: &mut Client) -> std::result::Result<QueueCounters, post
 
 /// Every counter of `tsoracle.seq` (superuser): key → next.
 pub fn seq_totals(c: &mut Client) -> std::result::Result<BTreeMap<String, i64>, postgres::Error> {
-    Ok(c
-        .query("SELECT key, next FROM tsoracle.seq ORDER BY key", &[])?
+    Ok(c.query("SELECT key, next FROM tsoracle.seq ORDER BY key", &[])?
         .into_iter()
         .map(|r| (r.get::<_, String>(0), r.get::<_, i64>(1)))
         .collect())
@@ -83,10 +82,13 @@ pub fn seq_batch(
 ) -> std::result::Result<Vec<(String, i64, i32)>, postgres::Error> {
     let keys: Vec<String> = keys.iter().map(|s| s.to_string()).collect();
     let counts: Vec<i32> = counts.to_vec();
-    c.query("SELECT key, start, count FROM tso_seq_batch($1::text[], $2::int[])", &[&keys, &counts])?
-        .into_iter()
-        .map(|r| Ok((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?)))
-        .collect()
+    c.query(
+        "SELECT key, start, count FROM tso_seq_batch($1::text[], $2::int[])",
+        &[&keys, &counts],
+    )?
+    .into_iter()
+    .map(|r| Ok((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?)))
+    .collect()
 }
 
 /// The SQLSTATE of an error as text, or `"none"` (connection lost, client-side error).
@@ -219,7 +221,8 @@ impl SeqLoad {
         let deadline = Instant::now() + opts.duration.min(MAX_LOAD_DURATION);
         let handles = (0..opts.threads)
             .map(|i| {
-                let (ep, stop, history, opts) = (endpoint.clone(), stop.clone(), history.clone(), opts.clone());
+                let (ep, stop, history, opts) =
+                    (endpoint.clone(), stop.clone(), history.clone(), opts.clone());
                 std::thread::Builder::new()
                     .name(format!("seq-load-{i}"))
                     .spawn(move || seq_worker(ep, history, stop, deadline, opts))
@@ -285,7 +288,8 @@ fn seq_worker(
             }
             continue;
         };
-        let batch = !opts.batch_keys.is_empty() && (opts.keys.is_empty() || rng.chance(opts.batch_chance));
+        let batch =
+            !opts.batch_keys.is_empty() && (opts.keys.is_empty() || rng.chance(opts.batch_chance));
         // (key, count) of every entry of this call.
         let entries: Vec<(String, i32)> = if batch {
             let mut keys = opts.batch_keys.clone();
@@ -340,7 +344,8 @@ fn seq_worker(
                 }
                 let broken = c.is_closed()
                     || e.as_db_error().is_none()
-                    || e.code().is_some_and(|s| s.code().starts_with("57") || s.code().starts_with("08"));
+                    || e.code()
+                        .is_some_and(|s| s.code().starts_with("57") || s.code().starts_with("08"));
                 if broken {
                     client = None;
                 }

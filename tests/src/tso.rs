@@ -29,10 +29,7 @@ pub fn compose(physical_ms: i64, logical: i64) -> i64 {
 
 /// Wall clock, milliseconds since the Unix epoch.
 pub fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .expect("clock after 1970")
-        .as_millis() as i64
+    SystemTime::now().duration_since(UNIX_EPOCH).expect("clock after 1970").as_millis() as i64
 }
 
 /// One row of `tso_status()`. Everything but `role` and `state` may be NULL.
@@ -117,9 +114,7 @@ pub fn wait_serving(client: &mut Client) -> Result<TsoStatus, HarnessError> {
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    Err(HarnessError::Timeout(format!(
-        "not serving after {WAIT_SERVING_TIMEOUT:?}; last: {last}"
-    )))
+    Err(HarnessError::Timeout(format!("not serving after {WAIT_SERVING_TIMEOUT:?}; last: {last}")))
 }
 
 pub fn tso_next(client: &mut Client) -> Result<i64, postgres::Error> {
@@ -128,9 +123,7 @@ pub fn tso_next(client: &mut Client) -> Result<i64, postgres::Error> {
 
 /// First of `count` consecutive timestamps.
 pub fn tso_next_batch(client: &mut Client, count: i32) -> Result<i64, postgres::Error> {
-    client
-        .query_one("SELECT tso_next_batch($1)", &[&count])?
-        .try_get(0)
+    client.query_one("SELECT tso_next_batch($1)", &[&count])?.try_get(0)
 }
 
 /// `SELECT tso_seed($1)` (return value ignored).
@@ -141,16 +134,12 @@ pub fn tso_seed(client: &mut Client, physical_ms: i64) -> Result<(), postgres::E
 
 /// The durable high-water: `max(physical_ms)` of `tsoracle.high_water` (needs privileges).
 pub fn durable_high_water(client: &mut Client) -> Result<Option<i64>, postgres::Error> {
-    client
-        .query_one("SELECT max(physical_ms)::bigint FROM tsoracle.high_water", &[])?
-        .try_get(0)
+    client.query_one("SELECT max(physical_ms)::bigint FROM tsoracle.high_water", &[])?.try_get(0)
 }
 
 /// `SHOW <name>`.
 pub fn show(client: &mut Client, name: &str) -> Result<String, postgres::Error> {
-    client
-        .query_one("SELECT current_setting($1)", &[&name])?
-        .try_get(0)
+    client.query_one("SELECT current_setting($1)", &[&name])?.try_get(0)
 }
 
 /// Assert that `r` failed with SQLSTATE `code`; returns the error for further checks.
@@ -166,11 +155,9 @@ pub fn expect_sqlstate<T: std::fmt::Debug>(
         Err(e) => {
             match e.code() {
                 Some(c) if c == code => {}
-                _ => panic!(
-                    "{what}: expected SQLSTATE {}, got {}",
-                    code.code(),
-                    pg_error_string(&e)
-                ),
+                _ => {
+                    panic!("{what}: expected SQLSTATE {}, got {}", code.code(), pg_error_string(&e))
+                }
             }
             e
         }

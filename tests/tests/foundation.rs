@@ -8,7 +8,9 @@ use std::time::{Duration, Instant};
 
 use postgres::error::SqlState;
 use postgres::Client;
-use tsoracle_tests::tso::{self, durable_high_water, show, status, tso_next, tso_next_batch, tso_seed, MAX_BATCH};
+use tsoracle_tests::tso::{
+    self, durable_high_water, show, status, tso_next, tso_next_batch, tso_seed, MAX_BATCH,
+};
 use tsoracle_tests::{
     expect_sqlstate, now_ms, ops, physical, History, Load, LoadOptions, Node, NodeOpts, StopMode,
 };
@@ -28,7 +30,9 @@ fn setting_and_min(c: &mut Client, name: &str) -> (i64, i64) {
             "SELECT setting::bigint, min_val::bigint FROM pg_settings WHERE name = $1",
             &[&name],
         )
-        .unwrap_or_else(|e| panic!("{name} in pg_settings: {}", tsoracle_tests::pg_error_string(&e)));
+        .unwrap_or_else(|e| {
+            panic!("{name} in pg_settings: {}", tsoracle_tests::pg_error_string(&e))
+        });
     (r.get(0), r.get(1))
 }
 
@@ -39,7 +43,12 @@ fn set_window(node: &mut Node, want: i64) -> i64 {
     let w = want.max(min);
     node.set_conf("tsoracle.window_ahead_ms", w).unwrap();
     let (now, _) = setting_and_min(&mut node.connect(), "tsoracle.window_ahead_ms");
-    assert_eq!(now, w, "tsoracle.window_ahead_ms after reload (SHOW says {:?})", show(&mut c, "tsoracle.window_ahead_ms"));
+    assert_eq!(
+        now,
+        w,
+        "tsoracle.window_ahead_ms after reload (SHOW says {:?})",
+        show(&mut c, "tsoracle.window_ahead_ms")
+    );
     w
 }
 
@@ -75,7 +84,11 @@ fn concurrent_unique_and_real_time_ordered() {
         &history,
     );
     let report = history.assert_valid();
-    assert_eq!(report.err_calls, 0, "no call may fail on a healthy server: {:?}", stats.sample_errors);
+    assert_eq!(
+        report.err_calls, 0,
+        "no call may fail on a healthy server: {:?}",
+        stats.sample_errors
+    );
     assert!(report.ok_calls >= 16, "every session got values: {report:?}");
 
     // Physical part near the wall clock (generous: window + 10 s either way).
@@ -97,7 +110,11 @@ fn concurrent_unique_and_real_time_ordered() {
     let max = report.max_value.unwrap();
     let st = status_of(&mut c);
     let hw = durable_high_water(&mut c).unwrap().expect("a high-water row");
-    assert!(physical(max) <= hw, "issued {max} (physical {}) above the durable high-water {hw}", physical(max));
+    assert!(
+        physical(max) <= hw,
+        "issued {max} (physical {}) above the durable high-water {hw}",
+        physical(max)
+    );
     assert!(physical(max) <= st.high_water_ms.unwrap(), "{st:?}");
     assert!(st.last_issued.unwrap() >= max, "last_issued below a value we got: {st:?}, max {max}");
     assert!(
@@ -146,8 +163,7 @@ fn restarts_never_go_back() {
                 node.start().unwrap();
             }
         }
-        node.wait_serving()
-            .unwrap_or_else(|e| panic!("not serving after {how:?}: {e}"));
+        node.wait_serving().unwrap_or_else(|e| panic!("not serving after {how:?}: {e}"));
         epoch_start = Instant::now();
         label = format!("after {how:?}");
     }
@@ -155,9 +171,8 @@ fn restarts_never_go_back() {
     epochs.push((label, epoch_start, Instant::now()));
     let stats = load.stop_and_join();
 
-    let report = history
-        .check()
-        .unwrap_or_else(|v| panic!("history check failed: {v}\nload: {stats:?}"));
+    let report =
+        history.check().unwrap_or_else(|v| panic!("history check failed: {v}\nload: {stats:?}"));
     let mut prev: Option<(String, i64)> = None;
     for (label, from, to) in &epochs {
         let n = history.ok_calls_within(*from, *to);
@@ -179,7 +194,10 @@ fn restarts_never_go_back() {
         report.ok_calls,
         report.err_calls,
         stats.connects,
-        epochs.iter().map(|(l, f, t)| (l.as_str(), history.ok_calls_within(*f, *t))).collect::<Vec<_>>()
+        epochs
+            .iter()
+            .map(|(l, f, t)| (l.as_str(), history.ok_calls_within(*f, *t)))
+            .collect::<Vec<_>>()
     );
 }
 
@@ -215,7 +233,9 @@ fn worker_kill9_refences() {
     // Until the postmaster has noticed, a fresh session may still see the old worker.
     let deadline = Instant::now() + Duration::from_secs(60);
     let st = loop {
-        let st = node.wait_serving().unwrap_or_else(|e| panic!("not serving after the worker was killed: {e}"));
+        let st = node
+            .wait_serving()
+            .unwrap_or_else(|e| panic!("not serving after the worker was killed: {e}"));
         if st.worker_pid != Some(wpid) {
             break st;
         }
@@ -230,9 +250,7 @@ fn worker_kill9_refences() {
     assert!(c.query_one("SELECT 1", &[]).is_err(), "a crash restart ends old sessions");
     assert!(st.worker_pid.is_some() && st.worker_pid != Some(wpid), "{st:?}");
     assert!(st.fences.unwrap() >= 1, "the new worker fenced: {st:?}");
-    history
-        .check()
-        .unwrap_or_else(|v| panic!("history check failed: {v}\nload: {stats:?}"));
+    history.check().unwrap_or_else(|v| panic!("history check failed: {v}\nload: {stats:?}"));
     let (lo, _) = history.value_range_within(up, Instant::now()).unwrap();
     assert!(lo > before_max, "after the crash {lo} <= {before_max} before it");
     eprintln!("worker kill: old pid {wpid}, new status {st:?}, load {stats:?}");
@@ -267,9 +285,8 @@ fn small_window_many_extensions() {
     }
     let stats = load.stop_and_join();
     let st1 = status_of(&mut c);
-    let report = history
-        .check()
-        .unwrap_or_else(|v| panic!("history check failed: {v}\nload: {stats:?}"));
+    let report =
+        history.check().unwrap_or_else(|v| panic!("history check failed: {v}\nload: {stats:?}"));
     assert!(report.ok_calls > 0, "{stats:?}");
     assert!(
         ext >= 10,
@@ -408,17 +425,17 @@ fn not_preloaded_gives_clear_error() {
     let mut node = Node::start_new("nopreload", NodeOpts::new().without_preload()).unwrap();
     let pm = node.postmaster_pid();
     let mut c = node.connect();
-    c.batch_execute("CREATE EXTENSION tsoracle")
-        .unwrap_or_else(|e| panic!("CREATE EXTENSION without preload: {}", tsoracle_tests::pg_error_string(&e)));
+    c.batch_execute("CREATE EXTENSION tsoracle").unwrap_or_else(|e| {
+        panic!("CREATE EXTENSION without preload: {}", tsoracle_tests::pg_error_string(&e))
+    });
 
-    let checks: [(&str, Result<i64, postgres::Error>); 2] = [
-        ("tso_next()", tso_next(&mut c)),
-        ("tso_next_batch(10)", tso_next_batch(&mut c, 10)),
-    ];
+    let checks: [(&str, Result<i64, postgres::Error>); 2] =
+        [("tso_next()", tso_next(&mut c)), ("tso_next_batch(10)", tso_next_batch(&mut c, 10))];
     for (what, r) in checks {
         let e = expect_sqlstate(r, &SqlState::OBJECT_NOT_IN_PREREQUISITE_STATE, what);
         let db = e.as_db_error().unwrap();
-        let text = format!("{} {} {}", db.message(), db.detail().unwrap_or(""), db.hint().unwrap_or(""));
+        let text =
+            format!("{} {} {}", db.message(), db.detail().unwrap_or(""), db.hint().unwrap_or(""));
         assert!(
             text.contains("shared_preload_libraries"),
             "{what}: the error does not say how to fix it: {}",
@@ -431,10 +448,7 @@ fn not_preloaded_gives_clear_error() {
     let one: i32 = node.connect().query_one("SELECT 1", &[]).unwrap().get(0);
     assert_eq!(one, 1);
     assert!(node.is_running() && node.postmaster_pid() == pm);
-    assert!(
-        !node.log_contents().contains("terminated by signal"),
-        "a server process crashed"
-    );
+    assert!(!node.log_contents().contains("terminated by signal"), "a server process crashed");
 }
 
 // ---------------------------------------------------------------------------------------- 8
@@ -446,13 +460,15 @@ fn seed_advances_never_lowers() {
     let mut c = node.connect();
     let before = next(&mut c);
     let target = now_ms() + 3_600_000;
-    tso_seed(&mut c, target).unwrap_or_else(|e| panic!("tso_seed: {}", tsoracle_tests::pg_error_string(&e)));
+    tso_seed(&mut c, target)
+        .unwrap_or_else(|e| panic!("tso_seed: {}", tsoracle_tests::pg_error_string(&e)));
     let v = next(&mut c);
     assert!(v > before);
     assert!(physical(v) >= target, "after tso_seed({target}): physical {} ", physical(v));
     let mut max = v;
 
-    tso_seed(&mut c, 1).unwrap_or_else(|e| panic!("tso_seed(1): {}", tsoracle_tests::pg_error_string(&e)));
+    tso_seed(&mut c, 1)
+        .unwrap_or_else(|e| panic!("tso_seed(1): {}", tsoracle_tests::pg_error_string(&e)));
     let v = next(&mut c);
     assert!(v > max, "tso_seed(1) lowered the oracle: {v} <= {max}");
     assert!(physical(v) >= target);
@@ -492,7 +508,11 @@ fn batch_bounds_and_conversions() {
     let b = tso_next_batch(&mut c, MAX_BATCH).unwrap();
     assert!(b > a);
     let v = next(&mut c);
-    assert!(v >= b + MAX_BATCH as i64, "{v} inside the previous batch [{b}, {})", b + MAX_BATCH as i64);
+    assert!(
+        v >= b + MAX_BATCH as i64,
+        "{v} inside the previous batch [{b}, {})",
+        b + MAX_BATCH as i64
+    );
 
     for ts in [v, b, a, 0, (1i64 << 62) + 12345] {
         let r = c
@@ -502,7 +522,9 @@ fn batch_bounds_and_conversions() {
                         tso_physical(tso_from_timestamptz(tso_to_timestamptz($1)))",
                 &[&ts],
             )
-            .unwrap_or_else(|e| panic!("conversions of {ts}: {}", tsoracle_tests::pg_error_string(&e)));
+            .unwrap_or_else(|e| {
+                panic!("conversions of {ts}: {}", tsoracle_tests::pg_error_string(&e))
+            });
         let (p, l, ms, p2): (i64, i32, i64, i64) = (r.get(0), r.get(1), r.get(2), r.get(3));
         assert_eq!(p, ts >> 18, "tso_physical({ts})");
         assert_eq!(l as i64, ts & ((1 << 18) - 1), "tso_logical({ts})");
@@ -524,19 +546,27 @@ fn batch_bounds_and_conversions() {
 fn not_serving_until_created_in_the_configured_database() {
     let node = Node::start_new(
         "otherdb",
-        NodeOpts::new().setting("tsoracle.database", "oracle").setting("tsoracle.extension_timeout_ms", 300),
+        NodeOpts::new()
+            .setting("tsoracle.database", "oracle")
+            .setting("tsoracle.extension_timeout_ms", 300),
     )
     .expect("start node");
     let mut c = node.connect();
     c.batch_execute("CREATE EXTENSION tsoracle").unwrap();
-    let e = expect_sqlstate(tso_next(&mut c), &SqlState::CANNOT_CONNECT_NOW, "tso_next() before the oracle database has the extension");
+    let e = expect_sqlstate(
+        tso_next(&mut c),
+        &SqlState::CANNOT_CONNECT_NOW,
+        "tso_next() before the oracle database has the extension",
+    );
     let message = e.as_db_error().map(|d| d.message().to_string()).unwrap_or_default();
     assert!(message.contains("\"oracle\""), "the message names the configured database: {message}");
     let state: String = c.query_one("SELECT state FROM tso_status()", &[]).unwrap().get(0);
     assert!(state == "starting" || state == "waiting_for_extension", "state {state}");
 
     c.batch_execute("CREATE DATABASE oracle").unwrap();
-    let mut oracle = postgres::Client::connect(&node.conninfo_for("postgres", "oracle"), postgres::NoTls).unwrap();
+    let mut oracle =
+        postgres::Client::connect(&node.conninfo_for("postgres", "oracle"), postgres::NoTls)
+            .unwrap();
     oracle.batch_execute("CREATE EXTENSION tsoracle").unwrap();
     tso::wait_serving(&mut oracle).expect("serving once the extension exists in tsoracle.database");
     let a = tso_next(&mut oracle).unwrap();

@@ -110,10 +110,8 @@ fn replica_base_backup_and_promote() {
     assert!(!replica.is_in_recovery().unwrap());
     let mut r = replica.connect();
     r.batch_execute("INSERT INTO t VALUES (3)").unwrap();
-    let tli: i32 = r
-        .query_one("SELECT timeline_id FROM pg_control_checkpoint()", &[])
-        .unwrap()
-        .get(0);
+    let tli: i32 =
+        r.query_one("SELECT timeline_id FROM pg_control_checkpoint()", &[]).unwrap().get(0);
     assert!(tli >= 1);
 }
 

@@ -17,8 +17,8 @@ use postgres::Client;
 use tsoracle_tests::seqlease::{alter_system, queue_counters, sqlstate_of, QueueCounters};
 use tsoracle_tests::tso::{durable_high_water, tso_next};
 use tsoracle_tests::{
-    expect_sqlstate, now_ms, ops, pg_error_string, physical, History, Load, LoadOptions, Node, NodeOpts, SplitMix64,
-    StopMode,
+    expect_sqlstate, now_ms, ops, pg_error_string, physical, History, Load, LoadOptions, Node,
+    NodeOpts, SplitMix64, StopMode,
 };
 
 // ============================================================================ helpers
@@ -39,7 +39,12 @@ struct Grant {
     epoch: i32,
 }
 
-fn acquire(c: &mut Client, holder: &str, holder_epoch: i64, ttl_ms: i32) -> Result<Grant, postgres::Error> {
+fn acquire(
+    c: &mut Client,
+    holder: &str,
+    holder_epoch: i64,
+    ttl_ms: i32,
+) -> Result<Grant, postgres::Error> {
     let r = c.query_one(
         "SELECT lease_id, ts_upper_bound, expires_at_ms, epoch FROM tso_lease_acquire($1, $2, $3)",
         &[&holder, &holder_epoch, &ttl_ms],
@@ -54,13 +59,17 @@ fn acquire(c: &mut Client, holder: &str, holder_epoch: i64, ttl_ms: i32) -> Resu
 
 #[track_caller]
 fn acquire_ok(c: &mut Client, holder: &str, holder_epoch: i64, ttl_ms: i32) -> Grant {
-    acquire(c, holder, holder_epoch, ttl_ms)
-        .unwrap_or_else(|e| panic!("tso_lease_acquire({holder:?}, {holder_epoch}, {ttl_ms}): {}", pg_error_string(&e)))
+    acquire(c, holder, holder_epoch, ttl_ms).unwrap_or_else(|e| {
+        panic!("tso_lease_acquire({holder:?}, {holder_epoch}, {ttl_ms}): {}", pg_error_string(&e))
+    })
 }
 
 /// `tso_lease_renew(id)` → (bound, expires, epoch).
 fn renew(c: &mut Client, id: i64) -> Result<(i64, i64, i32), postgres::Error> {
-    let r = c.query_one("SELECT ts_upper_bound, expires_at_ms, epoch FROM tso_lease_renew($1)", &[&id])?;
+    let r = c.query_one(
+        "SELECT ts_upper_bound, expires_at_ms, epoch FROM tso_lease_renew($1)",
+        &[&id],
+    )?;
     Ok((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?))
 }
 
@@ -132,10 +141,17 @@ fn lease_rows(c: &mut Client) -> BTreeMap<i64, Row> {
 
 /// The row of lease `g` must be there with its bound and expiry.
 #[track_caller]
-fn assert_row(rows: &BTreeMap<i64, Row>, g: &Grant, holder: &str, holder_epoch: i64, superseded: bool, what: &str) {
-    let row = rows
-        .get(&g.id)
-        .unwrap_or_else(|| panic!("{what}: lease {} of {holder:?} is missing from tsoracle.lease: {rows:?}", g.id));
+fn assert_row(
+    rows: &BTreeMap<i64, Row>,
+    g: &Grant,
+    holder: &str,
+    holder_epoch: i64,
+    superseded: bool,
+    what: &str,
+) {
+    let row = rows.get(&g.id).unwrap_or_else(|| {
+        panic!("{what}: lease {} of {holder:?} is missing from tsoracle.lease: {rows:?}", g.id)
+    });
     assert_eq!(
         (row.holder.as_str(), row.holder_epoch, row.bound, row.expires, row.superseded),
         (holder, holder_epoch, g.bound, g.expires, superseded),
@@ -178,13 +194,21 @@ fn leases_survive_restart_and_kill9() {
     let t0 = now_ms();
     let mut a = acquire_ok(&mut c, "keeper", 1, 60_000);
     let t1 = now_ms();
-    let epoch = c.query_one("SELECT epoch FROM tso_status()", &[]).unwrap().get::<_, Option<i64>>(0);
+    let epoch =
+        c.query_one("SELECT epoch FROM tso_status()", &[]).unwrap().get::<_, Option<i64>>(0);
     assert_eq!(Some(a.epoch as i64), epoch, "the lease's epoch is the oracle's");
     assert_eq!(a.id, a.bound, "lease_id is the acquire-time bound");
     assert!(a.bound >= t0 + 60_000, "bound {} below acquire time + ttl {}", a.bound, t0 + 60_000);
-    assert!(a.expires >= t0 + 60_000 && a.expires <= t1 + 60_000, "{a:?} acquired during {t0}..{t1}");
+    assert!(
+        a.expires >= t0 + 60_000 && a.expires <= t1 + 60_000,
+        "{a:?} acquired during {t0}..{t1}"
+    );
     assert!(durable_high_water(&mut c).unwrap().unwrap() >= a.bound, "the bound is durable");
-    assert_eq!(acquire_ok(&mut c, "keeper", 1, 60_000), a, "same holder and epoch while live: the same lease");
+    assert_eq!(
+        acquire_ok(&mut c, "keeper", 1, 60_000),
+        a,
+        "same holder and epoch while live: the same lease"
+    );
     let s1 = acquire_ok(&mut c, "sup", 1, 60_000);
     let s2 = acquire_ok(&mut c, "sup", 2, 60_000);
     assert!(s1.bound > a.bound && s2.bound > s1.bound, "{a:?} {s1:?} {s2:?}");
@@ -204,7 +228,8 @@ fn leases_survive_restart_and_kill9() {
         }
         node.wait_serving().unwrap_or_else(|e| panic!("not serving after {how}: {e}"));
         let mut c = node.connect();
-        let first = tso_next(&mut c).unwrap_or_else(|e| panic!("tso_next() after {how}: {}", pg_error_string(&e)));
+        let first = tso_next(&mut c)
+            .unwrap_or_else(|e| panic!("tso_next() after {how}: {}", pg_error_string(&e)));
         assert!(
             physical(first) > max_bound,
             "after {how}: first tso_next() has physical {} <= lease bound {max_bound} granted before",
@@ -219,16 +244,31 @@ fn leases_survive_restart_and_kill9() {
         let f = frontier(&mut c);
         assert!(f <= a.bound, "after {how}: frontier {f} above the lowest live bound {}", a.bound);
 
-        expect_sqlstate(renew(&mut c, s1.id), &SqlState::OBJECT_NOT_IN_PREREQUISITE_STATE, &format!("renew superseded after {how}"));
-        expect_sqlstate(acquire(&mut c, "sup", 1, 60_000), &SqlState::OBJECT_NOT_IN_PREREQUISITE_STATE, &format!("lower epoch after {how}"));
+        expect_sqlstate(
+            renew(&mut c, s1.id),
+            &SqlState::OBJECT_NOT_IN_PREREQUISITE_STATE,
+            &format!("renew superseded after {how}"),
+        );
+        expect_sqlstate(
+            acquire(&mut c, "sup", 1, 60_000),
+            &SqlState::OBJECT_NOT_IN_PREREQUISITE_STATE,
+            &format!("lower epoch after {how}"),
+        );
         let (bound, expires, ep) = renew_ok(&mut c, a.id);
         assert!(bound >= a.bound, "after {how}: renew lowered the bound {} -> {bound}", a.bound);
-        assert!(bound > max_bound, "after {how}: a renewal moves the high-water: {bound} <= {max_bound}");
+        assert!(
+            bound > max_bound,
+            "after {how}: a renewal moves the high-water: {bound} <= {max_bound}"
+        );
         assert!(expires >= a.expires, "after {how}: renew shortened the lease");
         assert!(ep >= a.epoch);
         a = Grant { id: a.id, bound, expires, epoch: ep };
         max_bound = bound;
-        assert_eq!(acquire_ok(&mut c, "keeper", 1, 60_000), a, "after {how}: idempotent acquire returns the renewed lease");
+        assert_eq!(
+            acquire_ok(&mut c, "keeper", 1, 60_000),
+            a,
+            "after {how}: idempotent acquire returns the renewed lease"
+        );
         assert_row(&lease_rows(&mut c), &a, "keeper", 1, false, &format!("renewed after {how}"));
         assert!(durable_high_water(&mut c).unwrap().unwrap() >= bound);
     }
@@ -257,27 +297,44 @@ fn safe_frontier_moves() {
     let fe = frontier(&mut c);
     assert!(fe <= e.bound, "frontier {fe} above the held bound {}", e.bound);
     sleep_until_ms(e.expires);
-    wait_for("frontier above the expired lease's bound", Duration::from_secs(20), || frontier(&mut c) > e.bound);
-    wait_for("expired lease deleted from tsoracle.lease", Duration::from_secs(20), || lease_rows(&mut c).is_empty());
-    wait_for("live_leases back to 0", Duration::from_secs(20), || counters(&mut c).live_leases == 0);
+    wait_for("frontier above the expired lease's bound", Duration::from_secs(20), || {
+        frontier(&mut c) > e.bound
+    });
+    wait_for("expired lease deleted from tsoracle.lease", Duration::from_secs(20), || {
+        lease_rows(&mut c).is_empty()
+    });
+    wait_for("live_leases back to 0", Duration::from_secs(20), || {
+        counters(&mut c).live_leases == 0
+    });
 
     let a = acquire_ok(&mut c, "fa", 1, 10_000);
     let f1 = frontier(&mut c);
     assert!(f1 <= a.bound, "frontier {f1} above the held bound {}", a.bound);
     let b = acquire_ok(&mut c, "fa", 2, 10_000);
     assert!(b.bound > a.bound);
-    expect_sqlstate(renew(&mut c, a.id), &SqlState::OBJECT_NOT_IN_PREREQUISITE_STATE, "renew a superseded lease");
+    expect_sqlstate(
+        renew(&mut c, a.id),
+        &SqlState::OBJECT_NOT_IN_PREREQUISITE_STATE,
+        "renew a superseded lease",
+    );
     let f2 = frontier(&mut c);
     assert!(f2 <= a.bound, "a superseded lease must still hold the frontier: {f2} > {}", a.bound);
     release_ok(&mut c, a.id);
     let f3 = frontier(&mut c);
-    assert!(f3 > a.bound && f3 > f2, "after releasing the superseded lease the frontier rises: {f2} -> {f3} (bound {})", a.bound);
+    assert!(
+        f3 > a.bound && f3 > f2,
+        "after releasing the superseded lease the frontier rises: {f2} -> {f3} (bound {})",
+        a.bound
+    );
     assert!(f3 <= b.bound, "still held by {b:?}: {f3}");
     release_ok(&mut c, b.id);
     release_ok(&mut c, b.id);
     let f4 = frontier(&mut c);
     // Nothing holds it any more: it is the high-water, which B's grant moved to B's bound.
-    assert!(f4 >= b.bound && f4 <= status_high_water(&mut c), "after the last release the frontier is the high-water: {f3} -> {f4}");
+    assert!(
+        f4 >= b.bound && f4 <= status_high_water(&mut c),
+        "after the last release the frontier is the high-water: {f3} -> {f4}"
+    );
     expect_sqlstate(renew(&mut c, b.id), &SqlState::NO_DATA_FOUND, "renew a released lease");
     assert!(lease_rows(&mut c).is_empty());
 
@@ -303,7 +360,10 @@ fn safe_frontier_moves() {
     node.wait_serving().unwrap();
     let mut c = node.connect();
     let rows = lease_rows(&mut c);
-    assert!(!rows.contains_key(&gone.id), "a lease that expired while the server was down was reloaded: {rows:?}");
+    assert!(
+        !rows.contains_key(&gone.id),
+        "a lease that expired while the server was down was reloaded: {rows:?}"
+    );
     assert_row(&rows, &keep, "keep", 1, false, "after restart");
     assert_eq!(rows.len(), 1, "{rows:?}");
     assert_eq!(counters(&mut c).live_leases, 1);
@@ -324,13 +384,17 @@ fn renew_of_an_expired_lease_is_55000_until_purged() {
     assert_eq!(alter_system(&node, "tsoracle.lease_ttl_min_ms", Some("200")).unwrap(), "200ms");
     let g = acquire_ok(&mut c, "late", 1, 500);
     sleep_until_ms(g.expires + 50);
-    wait_for("live_leases back to 0", Duration::from_secs(20), || counters(&mut c).live_leases == 0);
+    wait_for("live_leases back to 0", Duration::from_secs(20), || {
+        counters(&mut c).live_leases == 0
+    });
     assert!(lease_rows(&mut c).contains_key(&g.id), "an expired lease is remembered");
     let r = renew(&mut c, g.id);
     expect_sqlstate(r, &SqlState::OBJECT_NOT_IN_PREREQUISITE_STATE, "renew of an expired lease");
 
     assert_eq!(alter_system(&node, "tsoracle.expired_lease_retention_ms", Some("0")).unwrap(), "0");
-    wait_for("expired lease purged from tsoracle.lease", Duration::from_secs(20), || !lease_rows(&mut c).contains_key(&g.id));
+    wait_for("expired lease purged from tsoracle.lease", Duration::from_secs(20), || {
+        !lease_rows(&mut c).contains_key(&g.id)
+    });
     let r = renew(&mut c, g.id);
     expect_sqlstate(r, &SqlState::NO_DATA_FOUND, "renew of a purged lease");
 }
@@ -404,10 +468,20 @@ fn lease_session(
                     Ok(g) => {
                         grants.record_ok(start, Instant::now(), "acquire", g.bound, 1);
                         new_id(&g, &holder, e);
-                        held.push(Held { id: g.id, holder: holder.clone(), holder_epoch: e, bound: g.bound, expires: g.expires, superseded: false, shared: true });
+                        held.push(Held {
+                            id: g.id,
+                            holder: holder.clone(),
+                            holder_epoch: e,
+                            bound: g.bound,
+                            expires: g.expires,
+                            superseded: false,
+                            shared: true,
+                        });
                         *ops.entry("shared acquire ok").or_default() += 1;
                     }
-                    Err(err) if code(&err) == "55000" => *ops.entry("shared acquire 55000 (higher epoch active)").or_default() += 1,
+                    Err(err) if code(&err) == "55000" => {
+                        *ops.entry("shared acquire 55000 (higher epoch active)").or_default() += 1
+                    }
                     Err(err) => panic!("shared acquire ({holder}, {e}): {}", pg_error_string(&err)),
                 }
             } else if dice < 60 {
@@ -421,8 +495,14 @@ fn lease_session(
                         // Renewals move the high-water to max(H, now + ttl): they never lower a
                         // bound and always cover the renewed TTL, but do not stack.
                         assert!(bound >= h.bound, "renew lowered the bound: {h:?} -> {bound}");
-                        assert!(bound >= expires, "renew does not cover its TTL: {h:?} -> {bound}, expires {expires}");
-                        assert!(expires >= t0 && expires <= t1 + 4_000, "{h:?} renewed to {expires} during {t0}..{t1}");
+                        assert!(
+                            bound >= expires,
+                            "renew does not cover its TTL: {h:?} -> {bound}, expires {expires}"
+                        );
+                        assert!(
+                            expires >= t0 && expires <= t1 + 4_000,
+                            "{h:?} renewed to {expires} during {t0}..{t1}"
+                        );
                         renewals.record_ok(start, Instant::now(), "renew", bound, 1);
                         held[i].bound = bound;
                         held[i].expires = expires;
@@ -436,7 +516,10 @@ fn lease_session(
                         *ops.entry("shared renew 55000").or_default() += 1;
                     }
                     Err(err) if code(&err) == "P0002" => {
-                        assert!(h.expires <= t1, "renew of a live lease {h:?} said it does not exist (at {t1})");
+                        assert!(
+                            h.expires <= t1,
+                            "renew of a live lease {h:?} said it does not exist (at {t1})"
+                        );
                         held.remove(i);
                         *ops.entry("shared renew P0002 (expired, swept)").or_default() += 1;
                     }
@@ -445,7 +528,8 @@ fn lease_session(
             } else if dice < 75 {
                 let i = rng.range_inclusive(0, held.len() as i64 - 1) as usize;
                 let h = held.remove(i);
-                release(&mut c, h.id).unwrap_or_else(|e| panic!("release {h:?}: {}", pg_error_string(&e)));
+                release(&mut c, h.id)
+                    .unwrap_or_else(|e| panic!("release {h:?}: {}", pg_error_string(&e)));
                 shared.released.lock().unwrap().insert(h.id);
                 *ops.entry("shared release").or_default() += 1;
             } else {
@@ -468,7 +552,10 @@ fn lease_session(
                         // Renewals move the high-water to max(H, now + ttl): they never lower a
                         // bound and always cover the renewed TTL, but do not stack.
                         assert!(bound >= h.bound, "renew lowered the bound: {h:?} -> {bound}");
-                        assert!(bound >= expires, "renew does not cover its TTL: {h:?} -> {bound}, expires {expires}");
+                        assert!(
+                            bound >= expires,
+                            "renew does not cover its TTL: {h:?} -> {bound}, expires {expires}"
+                        );
                         assert!(expires >= t0 && expires <= t1 + 4_000);
                         renewals.record_ok(start, Instant::now(), "renew", bound, 1);
                         held[i].bound = bound;
@@ -476,7 +563,11 @@ fn lease_session(
                         *ops.entry("renew ok").or_default() += 1;
                     }
                     Err(err) if code(&err) == "55000" || code(&err) == "P0002" => {
-                        assert!(h.expires <= t1, "renew of the live, active lease {h:?} failed at {t1}: {}", pg_error_string(&err));
+                        assert!(
+                            h.expires <= t1,
+                            "renew of the live, active lease {h:?} failed at {t1}: {}",
+                            pg_error_string(&err)
+                        );
                         held.remove(i);
                         *ops.entry("renew of an expired lease").or_default() += 1;
                     }
@@ -487,30 +578,49 @@ fn lease_session(
             0..=39 => {
                 let r = acquire(&mut c, &holder, epoch, ttl);
                 let t1 = now_ms();
-                let g = r.unwrap_or_else(|e| panic!("acquire ({holder}, {epoch}): {}", pg_error_string(&e)));
+                let g = r.unwrap_or_else(|e| {
+                    panic!("acquire ({holder}, {epoch}): {}", pg_error_string(&e))
+                });
                 match current {
                     Some(i) if held[i].id == g.id => {
                         let h = &held[i];
                         assert!(h.expires > t0, "an expired lease was handed back: {h:?} at {t0}");
-                        assert_eq!((g.bound, g.expires), (h.bound, h.expires), "idempotent acquire of {h:?}");
+                        assert_eq!(
+                            (g.bound, g.expires),
+                            (h.bound, h.expires),
+                            "idempotent acquire of {h:?}"
+                        );
                         *ops.entry("acquire idempotent").or_default() += 1;
                     }
                     cur => {
                         if let Some(i) = cur {
-                            assert!(held[i].expires <= t1, "a new lease {g:?} although {:?} was live", held[i]);
+                            assert!(
+                                held[i].expires <= t1,
+                                "a new lease {g:?} although {:?} was live",
+                                held[i]
+                            );
                             held.remove(i);
                         }
                         grants.record_ok(start, Instant::now(), "acquire", g.bound, 1);
                         new_id(&g, &holder, epoch);
-                        held.push(Held { id: g.id, holder: holder.clone(), holder_epoch: epoch, bound: g.bound, expires: g.expires, superseded: false, shared: false });
+                        held.push(Held {
+                            id: g.id,
+                            holder: holder.clone(),
+                            holder_epoch: epoch,
+                            bound: g.bound,
+                            expires: g.expires,
+                            superseded: false,
+                            shared: false,
+                        });
                         *ops.entry("acquire new").or_default() += 1;
                     }
                 }
             }
             // A higher epoch: a new lease; the current one is superseded but kept.
             40..=54 => {
-                let g = acquire(&mut c, &holder, epoch + 1, ttl)
-                    .unwrap_or_else(|e| panic!("acquire ({holder}, {}): {}", epoch + 1, pg_error_string(&e)));
+                let g = acquire(&mut c, &holder, epoch + 1, ttl).unwrap_or_else(|e| {
+                    panic!("acquire ({holder}, {}): {}", epoch + 1, pg_error_string(&e))
+                });
                 if let Some(i) = current {
                     if held[i].expires > t0 {
                         held[i].superseded = true;
@@ -521,14 +631,23 @@ fn lease_session(
                 epoch += 1;
                 grants.record_ok(start, Instant::now(), "acquire", g.bound, 1);
                 new_id(&g, &holder, epoch);
-                held.push(Held { id: g.id, holder: holder.clone(), holder_epoch: epoch, bound: g.bound, expires: g.expires, superseded: false, shared: false });
+                held.push(Held {
+                    id: g.id,
+                    holder: holder.clone(),
+                    holder_epoch: epoch,
+                    bound: g.bound,
+                    expires: g.expires,
+                    superseded: false,
+                    shared: false,
+                });
                 *ops.entry("acquire higher epoch").or_default() += 1;
             }
             // Release any lease held.
             55..=64 if !held.is_empty() => {
                 let i = rng.range_inclusive(0, held.len() as i64 - 1) as usize;
                 let h = held.remove(i);
-                release(&mut c, h.id).unwrap_or_else(|e| panic!("release {h:?}: {}", pg_error_string(&e)));
+                release(&mut c, h.id)
+                    .unwrap_or_else(|e| panic!("release {h:?}: {}", pg_error_string(&e)));
                 shared.released.lock().unwrap().insert(h.id);
                 *ops.entry("release").or_default() += 1;
             }
@@ -560,7 +679,9 @@ fn lease_session(
                 let r = acquire(&mut c, &holder, epoch - 1, ttl);
                 let t1 = now_ms();
                 match r {
-                    Err(err) if code(&err) == "55000" => *ops.entry("acquire lower epoch 55000").or_default() += 1,
+                    Err(err) if code(&err) == "55000" => {
+                        *ops.entry("acquire lower epoch 55000").or_default() += 1
+                    }
                     Ok(g) if held[i].expires <= t1 => {
                         // The current lease expired during the call: no active lease, so the
                         // lower epoch is granted.
@@ -568,9 +689,21 @@ fn lease_session(
                         epoch -= 1;
                         grants.record_ok(start, Instant::now(), "acquire", g.bound, 1);
                         new_id(&g, &holder, epoch);
-                        held.push(Held { id: g.id, holder: holder.clone(), holder_epoch: epoch, bound: g.bound, expires: g.expires, superseded: false, shared: false });
+                        held.push(Held {
+                            id: g.id,
+                            holder: holder.clone(),
+                            holder_epoch: epoch,
+                            bound: g.bound,
+                            expires: g.expires,
+                            superseded: false,
+                            shared: false,
+                        });
                     }
-                    other => panic!("acquire at a lower epoch while {:?} is live: {:?}", held[i], other.map_err(|e| pg_error_string(&e))),
+                    other => panic!(
+                        "acquire at a lower epoch while {:?} is live: {:?}",
+                        held[i],
+                        other.map_err(|e| pg_error_string(&e))
+                    ),
                 }
             }
             _ => std::thread::sleep(Duration::from_millis(rng.range_inclusive(5, 60) as u64)),
@@ -603,7 +736,12 @@ fn concurrent_leases_are_never_lost() {
     let grants = History::new();
     let renewals = History::new();
     let ts_history = History::new();
-    let ts_load = Load::start(vec![node.endpoint()], LoadOptions::new(4, Duration::from_secs(5)), ops::tso_next(), ts_history.clone());
+    let ts_load = Load::start(
+        vec![node.endpoint()],
+        LoadOptions::new(4, Duration::from_secs(5)),
+        ops::tso_next(),
+        ts_history.clone(),
+    );
     let until = Instant::now() + Duration::from_secs(5);
     let pair_epochs = [Arc::new(AtomicI64::new(0)), Arc::new(AtomicI64::new(0))];
     let mut threads = Vec::new();
@@ -623,7 +761,10 @@ fn concurrent_leases_are_never_lost() {
                 .unwrap(),
         );
     }
-    let results: Vec<SessionResult> = threads.into_iter().map(|t| t.join().unwrap_or_else(|p| std::panic::resume_unwind(p))).collect();
+    let results: Vec<SessionResult> = threads
+        .into_iter()
+        .map(|t| t.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+        .collect();
     let ts_stats = ts_load.join();
 
     let mut c = node.connect();
@@ -668,11 +809,17 @@ fn concurrent_leases_are_never_lost() {
         let bound = r.first().expect("renewals are recorded ok");
         for g in acquired.iter().chain(&renewed).filter(|g| g.end < r.start) {
             let earlier = g.first().expect("grants are recorded ok");
-            assert!(bound >= earlier, "a renewal's bound {bound} is below {earlier}, granted before it began");
+            assert!(
+                bound >= earlier,
+                "a renewal's bound {bound} is below {earlier}, granted before it began"
+            );
         }
     }
     let hw_now = durable_high_water(&mut c).unwrap().unwrap();
-    assert!(renewed.iter().all(|r| r.first().unwrap() <= hw_now), "a renewal bound above the durable high-water");
+    assert!(
+        renewed.iter().all(|r| r.first().unwrap() <= hw_now),
+        "a renewal bound above the durable high-water"
+    );
     let f = frontier(&mut c);
     let t = now_ms();
     let lowest = lease_rows(&mut c).values().filter(|r| r.expires > t).map(|r| r.bound).min();
@@ -700,7 +847,11 @@ fn concurrent_leases_are_never_lost() {
         rows.len(),
         ts.ok_calls
     );
-    assert!(ops.get("renew ok").copied().unwrap_or(0) > 0 && ops.get("acquire higher epoch").copied().unwrap_or(0) > 0, "{ops:?}");
+    assert!(
+        ops.get("renew ok").copied().unwrap_or(0) > 0
+            && ops.get("acquire higher epoch").copied().unwrap_or(0) > 0,
+        "{ops:?}"
+    );
 }
 
 // ============================================================================ 4
@@ -730,8 +881,10 @@ fn leases_are_a_privilege() {
     assert!(frontier(&mut p) > 0, "tso_safe_frontier() is open to everyone");
 
     su.batch_execute("GRANT tsoracle_lease_holder TO plain").unwrap();
-    let g = acquire(&mut p, "p", 1, 10_000).unwrap_or_else(|e| panic!("acquire as a lease holder: {}", pg_error_string(&e)));
-    let (bound, _, _) = renew(&mut p, g.id).unwrap_or_else(|e| panic!("renew as a lease holder: {}", pg_error_string(&e)));
+    let g = acquire(&mut p, "p", 1, 10_000)
+        .unwrap_or_else(|e| panic!("acquire as a lease holder: {}", pg_error_string(&e)));
+    let (bound, _, _) = renew(&mut p, g.id)
+        .unwrap_or_else(|e| panic!("renew as a lease holder: {}", pg_error_string(&e)));
     assert!(bound > g.bound);
     assert!(frontier(&mut p) <= bound);
     for sql in table_sql {
@@ -740,10 +893,16 @@ fn leases_are_a_privilege() {
     // A role created as a member from the start.
     su.batch_execute("CREATE ROLE lessee LOGIN IN ROLE tsoracle_lease_holder").unwrap();
     let mut l = node.connect_as("lessee");
-    let g2 = acquire(&mut l, "l", 1, 10_000).unwrap_or_else(|e| panic!("acquire as lessee: {}", pg_error_string(&e)));
-    expect_sqlstate(l.batch_execute("SELECT * FROM tsoracle.lease"), &denied, "SELECT tsoracle.lease as lessee");
+    let g2 = acquire(&mut l, "l", 1, 10_000)
+        .unwrap_or_else(|e| panic!("acquire as lessee: {}", pg_error_string(&e)));
+    expect_sqlstate(
+        l.batch_execute("SELECT * FROM tsoracle.lease"),
+        &denied,
+        "SELECT tsoracle.lease as lessee",
+    );
     release(&mut l, g2.id).unwrap();
-    release(&mut p, g.id).unwrap_or_else(|e| panic!("release as a lease holder: {}", pg_error_string(&e)));
+    release(&mut p, g.id)
+        .unwrap_or_else(|e| panic!("release as a lease holder: {}", pg_error_string(&e)));
     assert!(lease_rows(&mut su).is_empty());
 
     su.batch_execute("REVOKE tsoracle_lease_holder FROM plain").unwrap();
@@ -768,7 +927,11 @@ fn bad_lease_arguments_over_sql() {
     let long = "h".repeat(129);
     let wide = "é".repeat(65);
     for holder in ["", long.as_str(), wide.as_str()] {
-        expect_sqlstate(acquire(&mut c, holder, 1, 10_000), &bad, &format!("holder of {} bytes", holder.len()));
+        expect_sqlstate(
+            acquire(&mut c, holder, 1, 10_000),
+            &bad,
+            &format!("holder of {} bytes", holder.len()),
+        );
     }
     for sql in [
         "SELECT * FROM tso_lease_acquire(NULL, 1, 10000)",
@@ -797,7 +960,11 @@ fn bad_lease_arguments_over_sql() {
     let g = acquire_ok(&mut c, "h", 2, 1_000);
     release_ok(&mut c, g.id);
     alter_system(&node, "tsoracle.lease_ttl_min_ms", None).unwrap();
-    expect_sqlstate(acquire(&mut c, "h", 3, 1_000), &bad, "ttl below the default minimum after RESET");
+    expect_sqlstate(
+        acquire(&mut c, "h", 3, 1_000),
+        &bad,
+        "ttl below the default minimum after RESET",
+    );
 
     // Unknown ids; idempotent release; STRICT renew.
     for id in [42, -1, 0, i64::MAX] {
@@ -810,11 +977,23 @@ fn bad_lease_arguments_over_sql() {
 
     // Epochs.
     let a = acquire_ok(&mut c, "ep", 5, 10_000);
-    expect_sqlstate(acquire(&mut c, "ep", 4, 10_000), &SqlState::OBJECT_NOT_IN_PREREQUISITE_STATE, "lower holder epoch");
+    expect_sqlstate(
+        acquire(&mut c, "ep", 4, 10_000),
+        &SqlState::OBJECT_NOT_IN_PREREQUISITE_STATE,
+        "lower holder epoch",
+    );
     let b = acquire_ok(&mut c, "ep", 6, 10_000);
     assert!(b.id != a.id && b.bound > a.bound);
-    expect_sqlstate(renew(&mut c, a.id), &SqlState::OBJECT_NOT_IN_PREREQUISITE_STATE, "renew superseded");
-    expect_sqlstate(acquire(&mut c, "ep", 5, 10_000), &SqlState::OBJECT_NOT_IN_PREREQUISITE_STATE, "the superseded epoch again");
+    expect_sqlstate(
+        renew(&mut c, a.id),
+        &SqlState::OBJECT_NOT_IN_PREREQUISITE_STATE,
+        "renew superseded",
+    );
+    expect_sqlstate(
+        acquire(&mut c, "ep", 5, 10_000),
+        &SqlState::OBJECT_NOT_IN_PREREQUISITE_STATE,
+        "the superseded epoch again",
+    );
     release_ok(&mut c, b.id);
     release_ok(&mut c, b.id);
     expect_sqlstate(renew(&mut c, b.id), &SqlState::NO_DATA_FOUND, "renew a released lease");

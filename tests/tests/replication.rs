@@ -26,11 +26,14 @@ use std::time::{Duration, Instant};
 use postgres::error::SqlState;
 use postgres::Client;
 use tsoracle_tests::cluster::{
-    self, first_timestamp, make_sync, promotion_to_first_ts_ms, remove_primary_conninfo, wait_end_of_local_wal,
-    wait_replayed, worker_activity, MixedLoad, MixedLoadOptions, PrimaryPointer,
+    self, first_timestamp, make_sync, promotion_to_first_ts_ms, remove_primary_conninfo,
+    wait_end_of_local_wal, wait_replayed, worker_activity, MixedLoad, MixedLoadOptions,
+    PrimaryPointer,
 };
 use tsoracle_tests::tso::{durable_high_water, status, tso_next, TsoStatus};
-use tsoracle_tests::{expect_sqlstate, pg_error_string, physical, DenseHistory, History, Node, NodeOpts, StopMode};
+use tsoracle_tests::{
+    expect_sqlstate, pg_error_string, physical, DenseHistory, History, Node, NodeOpts, StopMode,
+};
 
 const KEYS: [&str; 3] = ["k0", "k1", "k2"];
 
@@ -62,7 +65,12 @@ fn mixed_load(target: &PrimaryPointer, ts: &History, dense: &DenseHistory) -> Mi
 }
 
 /// The mixed load with another share of `tso_seq` calls (0: timestamps only).
-fn load_with_seq_share(target: &PrimaryPointer, ts: &History, dense: &DenseHistory, seq_share: f64) -> MixedLoad {
+fn load_with_seq_share(
+    target: &PrimaryPointer,
+    ts: &History,
+    dense: &DenseHistory,
+    seq_share: f64,
+) -> MixedLoad {
     MixedLoad::start(
         target.clone(),
         MixedLoadOptions {
@@ -79,7 +87,8 @@ fn load_with_seq_share(target: &PrimaryPointer, ts: &History, dense: &DenseHisto
 
 /// (min first, max last, successful calls) of the timestamps a node issued.
 fn node_range(history: &History, node: &str) -> Option<(i64, i64, usize)> {
-    let calls: Vec<_> = history.calls().into_iter().filter(|c| c.node == node && c.is_ok()).collect();
+    let calls: Vec<_> =
+        history.calls().into_iter().filter(|c| c.node == node && c.is_ok()).collect();
     let lo = calls.iter().filter_map(|c| c.first()).min()?;
     let hi = calls.iter().filter_map(|c| c.last()).max()?;
     Some((lo, hi, calls.len()))
@@ -105,9 +114,8 @@ fn seq_totals(c: &mut Client) -> BTreeMap<String, i64> {
 
 /// Both checks over the whole run, panicking with the violation.
 fn check_histories(ts: &History, dense: &DenseHistory, totals: &BTreeMap<String, i64>, what: &str) {
-    let report = ts
-        .check()
-        .unwrap_or_else(|v| panic!("{what}: timestamp history check failed: {v}"));
+    let report =
+        ts.check().unwrap_or_else(|v| panic!("{what}: timestamp history check failed: {v}"));
     let dr = dense
         .check(Some(totals))
         .unwrap_or_else(|v| panic!("{what}: sequence history check failed: {v}"));
@@ -135,7 +143,8 @@ fn promote_and_time(standby: &Node, label: &str) -> (i64, Duration, Option<i64>,
     let (first, took) = first_timestamp(&mut c, promoted, Duration::from_secs(30))
         .unwrap_or_else(|e| panic!("{label}: no timestamp from the promoted standby: {e}"));
     let st = status_of(&mut c);
-    let p2f = promotion_to_first_ts_ms(&mut c).unwrap_or_else(|e| panic!("{}", pg_error_string(&e)));
+    let p2f =
+        promotion_to_first_ts_ms(&mut c).unwrap_or_else(|e| panic!("{}", pg_error_string(&e)));
     eprintln!(
         "{label}: PROMOTION TIMING: pg_promote() -> out of recovery {:.1} ms; out of recovery -> first tso_next() {:.1} ms; \
          tso_status().promotion_to_first_ts_ms = {p2f:?}; last_fence_ms = {:?}",
@@ -164,8 +173,12 @@ fn check_single_failover(
     check_histories(ts, dense, &totals, label);
 
     let (old_lo, old_hi, old_n) = node_range(ts, old).expect("the old primary issued timestamps");
-    let (new_lo, new_hi, new_n) = node_range(ts, new.name()).expect("the new primary issued timestamps");
-    assert!(old_n >= 100 && new_n >= 100, "{label}: {old_n} calls on the old primary, {new_n} on the new one");
+    let (new_lo, new_hi, new_n) =
+        node_range(ts, new.name()).expect("the new primary issued timestamps");
+    assert!(
+        old_n >= 100 && new_n >= 100,
+        "{label}: {old_n} calls on the old primary, {new_n} on the new one"
+    );
     assert!(dense_ok_on(dense, old) > 0, "{label}: no tso_seq succeeded on the old primary");
     assert!(dense_ok_on(dense, new.name()) > 0, "{label}: no tso_seq succeeded on the new primary");
     assert!(
@@ -174,7 +187,10 @@ fn check_single_failover(
         physical(first_new),
         physical(old_hi)
     );
-    assert!(new_lo > old_hi, "{label}: the new primary issued {new_lo} <= {old_hi} issued by the old one");
+    assert!(
+        new_lo > old_hi,
+        "{label}: the new primary issued {new_lo} <= {old_hi} issued by the old one"
+    );
     let _ = old_lo;
 
     assert_eq!(st_new.role, "primary", "{st_new:?}");
@@ -254,7 +270,17 @@ fn promote_after_clean_stop() {
             .filter(|c| c.node == primary.name() && c.is_ok() && c.start >= promoted)
             .count()
     );
-    check_single_failover("clean", &ts, &dense, primary.name(), &standby, first_new, &st_old, &st_new, p2f);
+    check_single_failover(
+        "clean",
+        &ts,
+        &dense,
+        primary.name(),
+        &standby,
+        first_new,
+        &st_old,
+        &st_new,
+        p2f,
+    );
 }
 
 // ---------------------------------------------------------------------------------------- 2
@@ -282,7 +308,17 @@ fn promote_after_kill9() {
     ts.wait_progress(moved, 300, "after the failover");
     let stats = load.stop_and_join();
     eprintln!("kill9: load {stats:?}");
-    check_single_failover("kill9", &ts, &dense, primary.name(), &standby, first_new, &st_old, &st_new, p2f);
+    check_single_failover(
+        "kill9",
+        &ts,
+        &dense,
+        primary.name(),
+        &standby,
+        first_new,
+        &st_old,
+        &st_new,
+        p2f,
+    );
 }
 
 // ---------------------------------------------------------------------------------------- 3
@@ -304,7 +340,9 @@ fn three_promotions_in_a_row() {
     let mut since = Instant::now();
     let mut timings = Vec::new();
     let t_start = Instant::now();
-    let lap = |what: &str| eprintln!("three promotions: +{:.1} s {what}", t_start.elapsed().as_secs_f64());
+    let lap = |what: &str| {
+        eprintln!("three promotions: +{:.1} s {what}", t_start.elapsed().as_secs_f64())
+    };
     for (round, how) in ["fast", "kill9", "immediate"].into_iter().enumerate() {
         ts.wait_progress(since, 200, &format!("round {round}: on {}", primary.name()));
         lap(&format!("round {}: load progressed on {}", round + 1, primary.name()));
@@ -315,7 +353,8 @@ fn three_promotions_in_a_row() {
                 primary.kill9_postmaster().expect("kill -9");
             }
         }
-        let (_, took, p2f, st) = promote_and_time(&standby, &format!("round {} ({how})", round + 1));
+        let (_, took, p2f, st) =
+            promote_and_time(&standby, &format!("round {} ({how})", round + 1));
         target.set(&standby);
         let want = round as i64 + 2;
         assert_eq!(st.epoch, Some(want), "promotion {}: {st:?}", round + 1);
@@ -323,7 +362,12 @@ fn three_promotions_in_a_row() {
         assert!(p2f.is_some(), "promotion_to_first_ts_ms after promotion {}: {st:?}", round + 1);
         timings.push((took, p2f));
         order.push((standby.name().to_string(), st.epoch));
-        lap(&format!("round {}: {} stopped ({how}), {} promoted and serving", round + 1, primary.name(), standby.name()));
+        lap(&format!(
+            "round {}: {} stopped ({how}), {} promoted and serving",
+            round + 1,
+            primary.name(),
+            standby.name()
+        ));
 
         // A fresh standby from the new primary, made synchronous.
         let mut fresh = Node::base_backup_from(&standby, &format!("node{}", round + 3))
@@ -348,11 +392,15 @@ fn three_promotions_in_a_row() {
     // Each primary, in order, issued values above all of its predecessor's.
     let mut prev: Option<(String, i64)> = None;
     for (node, epoch) in &order {
-        let (lo, hi, n) = node_range(&ts, node).unwrap_or_else(|| panic!("{node} (epoch {epoch:?}) issued nothing"));
+        let (lo, hi, n) = node_range(&ts, node)
+            .unwrap_or_else(|| panic!("{node} (epoch {epoch:?}) issued nothing"));
         assert!(n >= 100, "{node}: only {n} calls");
         assert!(dense_ok_on(&dense, node) > 0, "{node}: no tso_seq succeeded");
         if let Some((pn, phi)) = &prev {
-            assert!(lo > *phi, "{node} (epoch {epoch:?}) issued {lo}, not above {phi} issued by {pn}");
+            assert!(
+                lo > *phi,
+                "{node} (epoch {epoch:?}) issued {lo}, not above {phi} issued by {pn}"
+            );
         }
         prev = Some((node.clone(), hi));
     }
@@ -407,7 +455,11 @@ fn standby_errors_and_status() {
         ("tso_safe_frontier", "SELECT tso_safe_frontier()".into()),
     ];
     for (what, sql) in &calls {
-        let e = expect_sqlstate(sc.batch_execute(sql), &SqlState::READ_ONLY_SQL_TRANSACTION, &format!("{what} on the standby"));
+        let e = expect_sqlstate(
+            sc.batch_execute(sql),
+            &SqlState::READ_ONLY_SQL_TRANSACTION,
+            &format!("{what} on the standby"),
+        );
         let db = e.as_db_error().unwrap();
         let hint = db.hint().unwrap_or("");
         assert!(
@@ -565,7 +617,10 @@ fn sync_trap(label: &str, seq_share: f64) {
                 break pid;
             }
         }
-        assert!(Instant::now() < deadline, "the worker never waited for the standby (SyncRep) in 30 s");
+        assert!(
+            Instant::now() < deadline,
+            "the worker never waited for the standby (SyncRep) in 30 s"
+        );
         std::thread::sleep(Duration::from_millis(20));
     };
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -645,10 +700,15 @@ fn sync_trap(label: &str, seq_share: f64) {
 
     let worker_lines: Vec<&str> = log_term
         .lines()
-        .filter(|l| l.contains("tsoracle worker :") || l.contains(" background worker \"tsoracle worker\""))
+        .filter(|l| {
+            l.contains("tsoracle worker :") || l.contains(" background worker \"tsoracle worker\"")
+        })
         .take(12)
         .collect();
-    eprintln!("{label}: primary log after the terminate (worker lines):\n{}", worker_lines.join("\n"));
+    eprintln!(
+        "{label}: primary log after the terminate (worker lines):\n{}",
+        worker_lines.join("\n")
+    );
     assert!(
         log_term.contains("canceling the wait for synchronous replication and terminating connection"),
         "the terminate did not end a synchronous-replication wait of the worker (scenario not reached):\n{}",
@@ -762,9 +822,13 @@ fn a_primary_cut_off_from_its_standby_stops_issuing_within_the_window() {
     primary.set_conf("tsoracle.window_ahead_ms", window).expect("window_ahead_ms");
     primary.set_conf("tsoracle.extension_timeout_ms", 200).expect("extension_timeout_ms");
     let mut c = primary.connect();
-    c.query("SELECT * FROM tso_lease_acquire('far', 1, 60000)", &[]).unwrap_or_else(|e| panic!("lease: {}", pg_error_string(&e)));
+    c.query("SELECT * FROM tso_lease_acquire('far', 1, 60000)", &[])
+        .unwrap_or_else(|e| panic!("lease: {}", pg_error_string(&e)));
     let hw = durable_high_water(&mut c).unwrap().unwrap();
-    assert!(hw >= tsoracle_tests::now_ms() + 50_000, "the lease put the high-water a minute ahead: {hw}");
+    assert!(
+        hw >= tsoracle_tests::now_ms() + 50_000,
+        "the lease put the high-water a minute ahead: {hw}"
+    );
     // Let the last confirmation made under the old window size age out.
     std::thread::sleep(Duration::from_millis(3_500));
     tso_next(&mut c).unwrap_or_else(|e| panic!("tso_next before the cut: {}", pg_error_string(&e)));
@@ -776,7 +840,12 @@ fn a_primary_cut_off_from_its_standby_stops_issuing_within_the_window() {
         match tso_next(&mut c) {
             Ok(_) => last_ok = Some(cut.elapsed()),
             Err(e) => {
-                assert_eq!(e.code(), Some(&SqlState::CANNOT_CONNECT_NOW), "{}", pg_error_string(&e));
+                assert_eq!(
+                    e.code(),
+                    Some(&SqlState::CANNOT_CONNECT_NOW),
+                    "{}",
+                    pg_error_string(&e)
+                );
                 refused += 1;
             }
         }

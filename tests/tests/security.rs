@@ -11,14 +11,17 @@ use std::time::{Duration, Instant};
 use postgres::error::SqlState;
 use postgres::{Client, NoTls};
 use tsoracle_tests::tso::{durable_high_water, status, tso_next, tso_seed};
-use tsoracle_tests::{expect_sqlstate, now_ms, pg_error_string, physical, Node, NodeOpts, StopMode};
+use tsoracle_tests::{
+    expect_sqlstate, now_ms, pg_error_string, physical, Node, NodeOpts, StopMode,
+};
 
 /// The last millisecond a timestamp can be issued in (the allocator's `MAX_SQL_PHYSICAL_MS`).
 const MAX_SQL_PHYSICAL_MS: i64 = (1 << 45) - 1;
 
 fn serving_node(name: &str, opts: NodeOpts) -> Node {
     let node = Node::start_new(name, opts).expect("start node");
-    node.create_extension().unwrap_or_else(|e| panic!("CREATE EXTENSION / wait_serving failed: {e}"));
+    node.create_extension()
+        .unwrap_or_else(|e| panic!("CREATE EXTENSION / wait_serving failed: {e}"));
     node
 }
 
@@ -55,13 +58,19 @@ fn wait_for(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
 /// extension, sequences, leases, lease expiry) and the owner gained nothing.
 #[test]
 fn database_owner_cannot_take_over_the_worker() {
-    let mut node = Node::start_new("sec-owner", NodeOpts::new().setting("tsoracle.database", "appdb")).expect("start");
+    let mut node =
+        Node::start_new("sec-owner", NodeOpts::new().setting("tsoracle.database", "appdb"))
+            .expect("start");
     let mut su = node.connect();
     // The functions in database postgres too, for tso_status() (the worker serves appdb).
     ok(su.batch_execute("CREATE EXTENSION tsoracle"), "CREATE EXTENSION in postgres");
-    ok(su.batch_execute("CREATE ROLE app LOGIN IN ROLE tsoracle_seq_user, tsoracle_lease_holder"), "create the owner");
+    ok(
+        su.batch_execute("CREATE ROLE app LOGIN IN ROLE tsoracle_seq_user, tsoracle_lease_holder"),
+        "create the owner",
+    );
     ok(su.batch_execute("CREATE DATABASE appdb OWNER app"), "create its database");
-    let mut app = node.try_connect_as("app", "appdb", Duration::from_secs(30)).expect("connect as app");
+    let mut app =
+        node.try_connect_as("app", "appdb", Duration::from_secs(30)).expect("connect as app");
     // Every function the planted objects call escalates; what they return does not matter.
     ok(
         app.batch_execute(
@@ -99,8 +108,15 @@ fn database_owner_cannot_take_over_the_worker() {
     );
     drop(app);
     // The superuser creates the extension in appdb, as the README says.
-    let mut su_app = node.try_connect_as("postgres", "appdb", Duration::from_secs(30)).expect("connect to appdb");
-    for sql in ["SET role = none", "SET default_transaction_read_only = off", "SET statement_timeout = 0", "SET exit_on_error = off"] {
+    let mut su_app = node
+        .try_connect_as("postgres", "appdb", Duration::from_secs(30))
+        .expect("connect to appdb");
+    for sql in [
+        "SET role = none",
+        "SET default_transaction_read_only = off",
+        "SET statement_timeout = 0",
+        "SET exit_on_error = off",
+    ] {
         ok(su_app.batch_execute(sql), sql);
     }
     ok(su_app.batch_execute("CREATE EXTENSION tsoracle"), "CREATE EXTENSION in appdb");
@@ -111,8 +127,14 @@ fn database_owner_cannot_take_over_the_worker() {
     node.wait_serving().expect("the worker serves in the hostile database");
     let pid = worker_pid(&mut node.connect());
     // The owner's own sessions get its defaults too; it turns them off for itself.
-    let mut app = node.try_connect_as("app", "appdb", Duration::from_secs(30)).expect("connect as app");
-    for sql in ["SET exit_on_error = off", "SET statement_timeout = 0", "SET lock_timeout = 0", "SET default_transaction_read_only = off"] {
+    let mut app =
+        node.try_connect_as("app", "appdb", Duration::from_secs(30)).expect("connect as app");
+    for sql in [
+        "SET exit_on_error = off",
+        "SET statement_timeout = 0",
+        "SET lock_timeout = 0",
+        "SET default_transaction_read_only = off",
+    ] {
         ok(app.batch_execute(sql), sql);
     }
     // The trap is live: under the database's search_path, unqualified names find the
@@ -122,18 +144,29 @@ fn database_owner_cannot_take_over_the_worker() {
         &SqlState::INSUFFICIENT_PRIVILEGE,
         "the planted unnest(text[]) runs for an unqualified call",
     );
-    expect_sqlstate(app.query("SELECT 1::bigint = 1::bigint", &[]), &SqlState::INSUFFICIENT_PRIVILEGE, "the planted =");
+    expect_sqlstate(
+        app.query("SELECT 1::bigint = 1::bigint", &[]),
+        &SqlState::INSUFFICIENT_PRIVILEGE,
+        "the planted =",
+    );
     let mut last = 0;
     for i in 0..20 {
         let key = format!("k{}", i % 3);
-        let start = ok(app.query_one("SELECT tso_seq($1, 5)", &[&key]).map(|r| r.get::<_, i64>(0)), "tso_seq as app");
+        let start = ok(
+            app.query_one("SELECT tso_seq($1, 5)", &[&key]).map(|r| r.get::<_, i64>(0)),
+            "tso_seq as app",
+        );
         assert!(start >= 0);
-        let ts = ok(app.query_one("SELECT tso_next()", &[]).map(|r| r.get::<_, i64>(0)), "tso_next as app");
+        let ts = ok(
+            app.query_one("SELECT tso_next()", &[]).map(|r| r.get::<_, i64>(0)),
+            "tso_next as app",
+        );
         assert!(ts > last, "timestamps increase");
         last = ts;
     }
     let lease: i64 = ok(
-        app.query_one("SELECT lease_id FROM tso_lease_acquire('app-holder', 1, 5000)", &[]).map(|r| r.get(0)),
+        app.query_one("SELECT lease_id FROM tso_lease_acquire('app-holder', 1, 5000)", &[])
+            .map(|r| r.get(0)),
         "lease acquire",
     );
     ok(app.query("SELECT * FROM tso_lease_renew($1)", &[&lease]), "lease renew");
@@ -141,11 +174,21 @@ fn database_owner_cannot_take_over_the_worker() {
     // Force window extensions and a fence with the planted objects in place.
     let mut su = node.connect();
     let fences_before = ok(status(&mut su), "status").fences.unwrap_or(0);
-    ok(su.batch_execute("SELECT tso_seed((extract(epoch from clock_timestamp()) * 1000)::bigint + 60000)"), "tso_seed");
-    assert!(ok(status(&mut su), "status").fences.unwrap_or(0) > fences_before, "tso_seed ran a fence");
+    ok(
+        su.batch_execute(
+            "SELECT tso_seed((extract(epoch from clock_timestamp()) * 1000)::bigint + 60000)",
+        ),
+        "tso_seed",
+    );
+    assert!(
+        ok(status(&mut su), "status").fences.unwrap_or(0) > fences_before,
+        "tso_seed ran a fence"
+    );
     ok(su.batch_execute("SELECT tso_next()"), "tso_next after the seed");
 
-    let superuser: bool = ok(su.query_one("SELECT rolsuper FROM pg_roles WHERE rolname = 'app'", &[]), "pg_roles").get(0);
+    let superuser: bool =
+        ok(su.query_one("SELECT rolsuper FROM pg_roles WHERE rolname = 'app'", &[]), "pg_roles")
+            .get(0);
     assert!(!superuser, "the database owner became superuser through the worker");
     let st = ok(status(&mut su), "status");
     assert_eq!(st.state, "serving", "{st:?}");
@@ -160,11 +203,14 @@ fn database_owner_cannot_take_over_the_worker() {
 /// never runs the trigger, and `CREATE EXTENSION` then fails on the existing schema.
 #[test]
 fn foreign_tables_named_like_the_extensions_are_not_touched() {
-    let node = Node::start_new("sec-foreign", NodeOpts::new().setting("tsoracle.database", "ownerdb")).expect("start");
+    let node =
+        Node::start_new("sec-foreign", NodeOpts::new().setting("tsoracle.database", "ownerdb"))
+            .expect("start");
     let mut su = node.connect();
     ok(su.batch_execute("CREATE EXTENSION tsoracle; CREATE ROLE owner LOGIN"), "setup");
     ok(su.batch_execute("CREATE DATABASE ownerdb OWNER owner"), "create the owner's database");
-    let mut o = node.try_connect_as("owner", "ownerdb", Duration::from_secs(30)).expect("connect as owner");
+    let mut o =
+        node.try_connect_as("owner", "ownerdb", Duration::from_secs(30)).expect("connect as owner");
     ok(
         o.batch_execute(
             r#"
@@ -184,13 +230,25 @@ fn foreign_tables_named_like_the_extensions_are_not_touched() {
     thread::sleep(Duration::from_secs(3));
     let st = ok(status(&mut su), "status");
     assert_ne!(st.state, "serving", "{st:?}");
-    expect_sqlstate(su.query_one("SELECT tso_next()", &[]), &SqlState::CANNOT_CONNECT_NOW, "tso_next");
-    let superuser: bool = ok(su.query_one("SELECT rolsuper FROM pg_roles WHERE rolname = 'owner'", &[]), "pg_roles").get(0);
+    expect_sqlstate(
+        su.query_one("SELECT tso_next()", &[]),
+        &SqlState::CANNOT_CONNECT_NOW,
+        "tso_next",
+    );
+    let superuser: bool =
+        ok(su.query_one("SELECT rolsuper FROM pg_roles WHERE rolname = 'owner'", &[]), "pg_roles")
+            .get(0);
     assert!(!superuser, "the owner became superuser through the worker");
-    let rows: i64 = ok(o.query_one("SELECT count(*) FROM tsoracle.high_water", &[]), "count").get(0);
+    let rows: i64 =
+        ok(o.query_one("SELECT count(*) FROM tsoracle.high_water", &[]), "count").get(0);
     assert_eq!(rows, 0, "the worker wrote into a table that is not the extension's");
-    let mut su_owner = node.try_connect_as("postgres", "ownerdb", Duration::from_secs(30)).expect("connect");
-    expect_sqlstate(su_owner.batch_execute("CREATE EXTENSION tsoracle"), &SqlState::DUPLICATE_SCHEMA, "CREATE EXTENSION");
+    let mut su_owner =
+        node.try_connect_as("postgres", "ownerdb", Duration::from_secs(30)).expect("connect");
+    expect_sqlstate(
+        su_owner.batch_execute("CREATE EXTENSION tsoracle"),
+        &SqlState::DUPLICATE_SCHEMA,
+        "CREATE EXTENSION",
+    );
 }
 
 // ---------------------------------------------------------------------------------------- 3
@@ -214,9 +272,13 @@ fn callers_that_leave_mid_call_never_exhaust_the_queue() {
     ok(seq(&mut node.connect_as("leaver"), "held", 1), "the leaver's key");
     // Hold the worker: it needs this row lock for any group that names 'held'.
     let mut holder = node.connect();
-    ok(holder.batch_execute("BEGIN; SELECT * FROM tsoracle.seq WHERE key = 'held' FOR UPDATE"), "lock the counter");
+    ok(
+        holder.batch_execute("BEGIN; SELECT * FROM tsoracle.seq WHERE key = 'held' FOR UPDATE"),
+        "lock the counter",
+    );
 
-    let batch_keys: Vec<String> = std::iter::once("held".to_string()).chain((1..64).map(|i| format!("b{i}"))).collect();
+    let batch_keys: Vec<String> =
+        std::iter::once("held".to_string()).chain((1..64).map(|i| format!("b{i}"))).collect();
     let batch_sql = format!(
         "SELECT * FROM tso_seq_batch(ARRAY[{}], array_fill(1, ARRAY[64]))",
         batch_keys.iter().map(|k| format!("'{k}'")).collect::<Vec<_>>().join(",")
@@ -233,7 +295,11 @@ fn callers_that_leave_mid_call_never_exhaust_the_queue() {
             thread::spawn(move || {
                 let mut killer = Client::connect(&su_conninfo, NoTls).expect("killer connects");
                 for i in 0..per_thread {
-                    let sql = if i % 2 == 0 { batch_sql.clone() } else { "SELECT tso_seq('held', 1)".to_string() };
+                    let sql = if i % 2 == 0 {
+                        batch_sql.clone()
+                    } else {
+                        "SELECT tso_seq('held', 1)".to_string()
+                    };
                     let app = format!("leaver-{t}-{i}");
                     leave_mid_call(&mut killer, &conninfo, &sql, &app, (t + i) % 3);
                     done.fetch_add(1, Ordering::Relaxed);
@@ -339,7 +405,9 @@ fn a_flood_never_pushes_the_oracle_past_max_lead() {
     let max_lead = 2_000i64;
     let node = serving_node(
         "sec-flood",
-        NodeOpts::new().setting("tsoracle.max_lead_ms", max_lead).setting("tsoracle.extension_timeout_ms", 1000),
+        NodeOpts::new()
+            .setting("tsoracle.max_lead_ms", max_lead)
+            .setting("tsoracle.extension_timeout_ms", 1000),
     );
     let mut su = node.connect();
     ok(su.batch_execute("CREATE ROLE flooder LOGIN"), "setup");
@@ -359,7 +427,12 @@ fn a_flood_never_pushes_the_oracle_past_max_lead() {
                             granted += 1;
                         }
                         Err(e) => {
-                            assert_eq!(e.code(), Some(&SqlState::CANNOT_CONNECT_NOW), "{}", pg_error_string(&e));
+                            assert_eq!(
+                                e.code(),
+                                Some(&SqlState::CANNOT_CONNECT_NOW),
+                                "{}",
+                                pg_error_string(&e)
+                            );
                             refused += 1;
                         }
                     }
@@ -373,7 +446,10 @@ fn a_flood_never_pushes_the_oracle_past_max_lead() {
     while started.elapsed() < Duration::from_secs(30) {
         if let Ok(ts) = tso_next(&mut su) {
             let lead = physical(ts) - now_ms();
-            assert!(lead <= max_lead, "tso_next() ran {lead} ms ahead of the clock (max_lead_ms = {max_lead})");
+            assert!(
+                lead <= max_lead,
+                "tso_next() ran {lead} ms ahead of the clock (max_lead_ms = {max_lead})"
+            );
             samples += 1;
         }
         thread::sleep(Duration::from_millis(250));
@@ -383,7 +459,10 @@ fn a_flood_never_pushes_the_oracle_past_max_lead() {
     for f in flooders {
         let (granted, _refused, worst_lead) = f.join().expect("flooder");
         total_granted += granted;
-        assert!(worst_lead <= max_lead, "a flooder got a timestamp {worst_lead} ms ahead (max_lead_ms = {max_lead})");
+        assert!(
+            worst_lead <= max_lead,
+            "a flooder got a timestamp {worst_lead} ms ahead (max_lead_ms = {max_lead})"
+        );
     }
     assert!(total_granted > 100, "the flood ran ({total_granted} batches)");
     assert!(samples > 10, "the oracle kept serving others ({samples} samples)");
@@ -401,7 +480,11 @@ fn lease_renewals_do_not_stack() {
     let node = serving_node("sec-renew", NodeOpts::new());
     let mut su = node.connect();
     let ttl = 10_000i64;
-    let id: i64 = ok(su.query_one("SELECT lease_id FROM tso_lease_acquire('renewer', 1, $1)", &[&(ttl as i32)]), "acquire").get(0);
+    let id: i64 = ok(
+        su.query_one("SELECT lease_id FROM tso_lease_acquire('renewer', 1, $1)", &[&(ttl as i32)]),
+        "acquire",
+    )
+    .get(0);
     let before = ok(durable_high_water(&mut su), "high-water").expect("a row");
     for _ in 0..1000 {
         ok(su.query("SELECT * FROM tso_lease_renew($1)", &[&id]), "renew");
@@ -433,14 +516,22 @@ fn counters_and_leases_belong_to_someone() {
         "roles",
     );
     let denied = SqlState::INSUFFICIENT_PRIVILEGE;
-    let (mut plain, mut alice, mut bob, mut carol) =
-        (node.connect_as("plain"), node.connect_as("alice"), node.connect_as("bob"), node.connect_as("carol"));
+    let (mut plain, mut alice, mut bob, mut carol) = (
+        node.connect_as("plain"),
+        node.connect_as("alice"),
+        node.connect_as("bob"),
+        node.connect_as("carol"),
+    );
 
     // A role without the grant cannot create keys or advance counters.
     expect_sqlstate(seq(&mut plain, "orders", 1), &denied, "tso_seq as plain");
     expect_sqlstate(plain.query("SELECT tso_seq_peek('orders')", &[]), &denied, "peek as plain");
     expect_sqlstate(plain.query("SELECT tso_seq_drop('orders')", &[]), &denied, "drop as plain");
-    for sql in ["INSERT INTO tsoracle.seq (key, next) VALUES ('x', 0)", "UPDATE tsoracle.seq SET next = 0", "DELETE FROM tsoracle.seq"] {
+    for sql in [
+        "INSERT INTO tsoracle.seq (key, next) VALUES ('x', 0)",
+        "UPDATE tsoracle.seq SET next = 0",
+        "DELETE FROM tsoracle.seq",
+    ] {
         expect_sqlstate(plain.batch_execute(sql), &denied, sql);
         expect_sqlstate(alice.batch_execute(sql), &denied, sql);
     }
@@ -449,7 +540,11 @@ fn counters_and_leases_belong_to_someone() {
     assert_eq!(ok(seq(&mut alice, "orders", 10), "alice creates orders"), 0);
     assert_eq!(ok(seq(&mut alice, "orders", 1), "alice advances orders"), 10);
     let e = expect_sqlstate(seq(&mut bob, "orders", 1), &denied, "bob advances alice's key");
-    assert!(pg_error_string(&e).contains("alice"), "the error names the owner: {}", pg_error_string(&e));
+    assert!(
+        pg_error_string(&e).contains("alice"),
+        "the error names the owner: {}",
+        pg_error_string(&e)
+    );
     expect_sqlstate(bob.query("SELECT tso_seq_peek('orders')", &[]), &denied, "bob peeks");
     expect_sqlstate(bob.query("SELECT tso_seq_drop('orders')", &[]), &denied, "bob drops");
     expect_sqlstate(
@@ -464,27 +559,53 @@ fn counters_and_leases_belong_to_someone() {
     assert_eq!(ok(seq(&mut carol, "orders", 1), "carol, a member of alice"), 11);
     expect_sqlstate(carol.query("SELECT tso_seq_drop('orders')", &[]), &denied, "carol drops");
     assert_eq!(ok(seq(&mut bob, "bobs", 1), "bob's own key"), 0);
-    let dropped: bool = ok(su.query_one("SELECT tso_seq_drop('bobs')", &[]), "superuser drops").get(0);
+    let dropped: bool =
+        ok(su.query_one("SELECT tso_seq_drop('bobs')", &[]), "superuser drops").get(0);
     assert!(dropped);
-    let dropped: bool = ok(alice.query_one("SELECT tso_seq_drop('orders')", &[]), "alice drops her key").get(0);
+    let dropped: bool =
+        ok(alice.query_one("SELECT tso_seq_drop('orders')", &[]), "alice drops her key").get(0);
     assert!(dropped);
-    let left: i64 = ok(su.query_one("SELECT count(*) FROM tsoracle.seq WHERE key IN ('orders', 'bobs')", &[]), "count").get(0);
+    let left: i64 = ok(
+        su.query_one("SELECT count(*) FROM tsoracle.seq WHERE key IN ('orders', 'bobs')", &[]),
+        "count",
+    )
+    .get(0);
     assert_eq!(left, 0);
 
     // Leases: only the role that acquired one (or a superuser) renews or releases it, and
     // a holder name belongs to the role holding its live lease.
-    let id: i64 = ok(alice.query_one("SELECT lease_id FROM tso_lease_acquire('indexer', 1, 10000)", &[]), "alice acquires").get(0);
-    expect_sqlstate(bob.query("SELECT * FROM tso_lease_renew($1)", &[&id]), &denied, "bob renews alice's lease");
-    expect_sqlstate(bob.query("SELECT tso_lease_release($1)", &[&id]), &denied, "bob releases alice's lease");
+    let id: i64 = ok(
+        alice.query_one("SELECT lease_id FROM tso_lease_acquire('indexer', 1, 10000)", &[]),
+        "alice acquires",
+    )
+    .get(0);
+    expect_sqlstate(
+        bob.query("SELECT * FROM tso_lease_renew($1)", &[&id]),
+        &denied,
+        "bob renews alice's lease",
+    );
+    expect_sqlstate(
+        bob.query("SELECT tso_lease_release($1)", &[&id]),
+        &denied,
+        "bob releases alice's lease",
+    );
     expect_sqlstate(
         bob.query("SELECT * FROM tso_lease_acquire('indexer', 2, 10000)", &[]),
         &denied,
         "bob supersedes alice's holder",
     );
-    expect_sqlstate(plain.query("SELECT * FROM tso_lease_renew($1)", &[&id]), &denied, "plain renews");
+    expect_sqlstate(
+        plain.query("SELECT * FROM tso_lease_renew($1)", &[&id]),
+        &denied,
+        "plain renews",
+    );
     ok(su.query("SELECT * FROM tso_lease_renew($1)", &[&id]), "a superuser renews");
     ok(alice.query("SELECT * FROM tso_lease_renew($1)", &[&id]), "alice renews");
-    let live: i64 = ok(su.query_one("SELECT count(*) FROM tsoracle.lease WHERE lease_id = $1", &[&id]), "count").get(0);
+    let live: i64 = ok(
+        su.query_one("SELECT count(*) FROM tsoracle.lease WHERE lease_id = $1", &[&id]),
+        "count",
+    )
+    .get(0);
     assert_eq!(live, 1, "bob's attempts left alice's lease alone");
     ok(alice.execute("SELECT tso_lease_release($1)", &[&id]), "alice releases");
 }
@@ -498,8 +619,16 @@ fn counters_and_leases_belong_to_someone() {
 fn seeding_the_top_of_the_range_never_bricks_the_fence() {
     let mut node = serving_node("sec-seed-top", NodeOpts::new());
     let mut su = node.connect();
-    expect_sqlstate(tso_seed(&mut su, MAX_SQL_PHYSICAL_MS + 1), &SqlState::INVALID_PARAMETER_VALUE, "seed above the top");
-    expect_sqlstate(tso_seed(&mut su, i64::MAX), &SqlState::INVALID_PARAMETER_VALUE, "seed i64::MAX");
+    expect_sqlstate(
+        tso_seed(&mut su, MAX_SQL_PHYSICAL_MS + 1),
+        &SqlState::INVALID_PARAMETER_VALUE,
+        "seed above the top",
+    );
+    expect_sqlstate(
+        tso_seed(&mut su, i64::MAX),
+        &SqlState::INVALID_PARAMETER_VALUE,
+        "seed i64::MAX",
+    );
     ok(tso_seed(&mut su, MAX_SQL_PHYSICAL_MS), "seed the last millisecond");
     let ts = ok(tso_next(&mut su), "tso_next at the top");
     assert_eq!(physical(ts), MAX_SQL_PHYSICAL_MS);
@@ -514,8 +643,12 @@ fn seeding_the_top_of_the_range_never_bricks_the_fence() {
         st.state == "refused"
     });
     let detail = st.detail.clone().unwrap_or_default();
-    assert!(detail.contains("top of the timestamp range"), "tso_status().detail says why: {detail:?}");
-    let e = expect_sqlstate(tso_next(&mut su), &SqlState::CANNOT_CONNECT_NOW, "tso_next after the top");
+    assert!(
+        detail.contains("top of the timestamp range"),
+        "tso_status().detail says why: {detail:?}"
+    );
+    let e =
+        expect_sqlstate(tso_next(&mut su), &SqlState::CANNOT_CONNECT_NOW, "tso_next after the top");
     assert!(pg_error_string(&e).contains("top of the timestamp range"), "{}", pg_error_string(&e));
     // The worker stays (no restart loop): the same process a few seconds later.
     let pid = worker_pid(&mut su);
@@ -531,13 +664,17 @@ fn seeding_the_top_of_the_range_never_bricks_the_fence() {
 /// superuser does not make the fence fail after a restart.
 #[test]
 fn a_non_utf8_database_refuses_what_it_cannot_store() {
-    let mut node = Node::start_new("sec-latin1", NodeOpts::new().setting("tsoracle.database", "latin")).expect("start");
+    let mut node =
+        Node::start_new("sec-latin1", NodeOpts::new().setting("tsoracle.database", "latin"))
+            .expect("start");
     let mut su = node.connect();
     ok(
         su.batch_execute("CREATE DATABASE latin TEMPLATE template0 ENCODING 'LATIN1' LC_COLLATE 'C' LC_CTYPE 'C'"),
         "create a LATIN1 database",
     );
-    let mut latin = node.try_connect_as("postgres", "latin", Duration::from_secs(30)).expect("connect to latin");
+    let mut latin = node
+        .try_connect_as("postgres", "latin", Duration::from_secs(30))
+        .expect("connect to latin");
     ok(latin.batch_execute("CREATE EXTENSION tsoracle"), "CREATE EXTENSION in latin");
     // Callers in the UTF8 database postgres (the functions exist there too).
     ok(su.batch_execute("CREATE EXTENSION tsoracle"), "CREATE EXTENSION in postgres");

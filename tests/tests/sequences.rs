@@ -13,10 +13,12 @@ use std::time::{Duration, Instant};
 use postgres::error::SqlState;
 use postgres::Client;
 use tsoracle_tests::seqlease::{
-    alter_system, peek, queue_counters, seq, seq_batch, seq_totals, sqlstate_of, QueueCounters, SeqLoad,
-    SeqLoadOptions, SeqLoadStats,
+    alter_system, peek, queue_counters, seq, seq_batch, seq_totals, sqlstate_of, QueueCounters,
+    SeqLoad, SeqLoadOptions, SeqLoadStats,
 };
-use tsoracle_tests::{expect_sqlstate, pg_error_string, DenseHistory, DenseReport, Node, NodeOpts, StopMode};
+use tsoracle_tests::{
+    expect_sqlstate, pg_error_string, DenseHistory, DenseReport, Node, NodeOpts, StopMode,
+};
 
 // ============================================================================ helpers
 
@@ -35,7 +37,8 @@ fn counters(c: &mut Client) -> QueueCounters {
 
 #[track_caller]
 fn seq_ok(c: &mut Client, key: &str, count: i32) -> i64 {
-    seq(c, key, count).unwrap_or_else(|e| panic!("tso_seq({key:?}, {count}): {}", pg_error_string(&e)))
+    seq(c, key, count)
+        .unwrap_or_else(|e| panic!("tso_seq({key:?}, {count}): {}", pg_error_string(&e)))
 }
 
 #[track_caller]
@@ -54,7 +57,8 @@ fn totals_of(c: &mut Client, keys: &[&str]) -> BTreeMap<String, i64> {
     let all = totals(c);
     let mut out = BTreeMap::new();
     for k in keys {
-        let t = *all.get(*k).unwrap_or_else(|| panic!("key {k:?} missing from tsoracle.seq: {all:?}"));
+        let t =
+            *all.get(*k).unwrap_or_else(|| panic!("key {k:?} missing from tsoracle.seq: {all:?}"));
         assert_eq!(peek_ok(c, k), Some(t), "tso_seq_peek({k:?}) disagrees with tsoracle.seq");
         out.insert(k.to_string(), t);
     }
@@ -63,7 +67,11 @@ fn totals_of(c: &mut Client, keys: &[&str]) -> BTreeMap<String, i64> {
 
 /// The dense check over the recorded calls with the totals read back from the server.
 #[track_caller]
-fn check_history(history: &DenseHistory, totals: &BTreeMap<String, i64>, stats: &SeqLoadStats) -> DenseReport {
+fn check_history(
+    history: &DenseHistory,
+    totals: &BTreeMap<String, i64>,
+    stats: &SeqLoadStats,
+) -> DenseReport {
     history
         .check(Some(totals))
         .unwrap_or_else(|v| panic!("dense check failed: {v}\ntotals {totals:?}\nload: {stats:?}"))
@@ -78,7 +86,10 @@ fn wait_ok_calls(history: &DenseHistory, since: Instant, n: usize, what: &str) {
         if done >= n {
             return;
         }
-        assert!(Instant::now() < deadline, "{what}: only {done} of {n} successful calls within 30 s");
+        assert!(
+            Instant::now() < deadline,
+            "{what}: only {done} of {n} successful calls within 30 s"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
 }
@@ -110,7 +121,10 @@ fn wait_worker_blocked(c: &mut Client, pid: i32) {
                 return;
             }
         }
-        assert!(Instant::now() < deadline, "the worker (pid {pid}) never blocked on the lock: {w:?}");
+        assert!(
+            Instant::now() < deadline,
+            "the worker (pid {pid}) never blocked on the lock: {w:?}"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
 }
@@ -176,7 +190,12 @@ fn wait_for_total(c: &mut Client, key: &str, total: i64) {
 }
 
 /// One call, timed and recorded into `history` (error recorded with its count).
-fn recorded_seq(c: &mut Client, history: &DenseHistory, key: &str, count: i32) -> Result<i64, postgres::Error> {
+fn recorded_seq(
+    c: &mut Client,
+    history: &DenseHistory,
+    key: &str,
+    count: i32,
+) -> Result<i64, postgres::Error> {
     let start = Instant::now();
     let r = seq(c, key, count);
     let end = Instant::now();
@@ -202,7 +221,8 @@ fn concurrent_blocks_tile_and_group_commit() {
     let before = counters(&mut su);
 
     let history = DenseHistory::new();
-    let opts = SeqLoadOptions::new(16, Duration::from_secs(5), &keys).batches(&["alpha", "beta"], 0.25);
+    let opts =
+        SeqLoadOptions::new(16, Duration::from_secs(5), &keys).batches(&["alpha", "beta"], 0.25);
     let stats = SeqLoad::start(node.endpoint(), opts, history.clone()).join();
     let after = counters(&mut su);
 
@@ -255,7 +275,8 @@ fn crash_under_load(name: &str, how: Crash) {
     let mut node = serving_node(name);
     let keys = ["k1", "k2", "k3"];
     let history = DenseHistory::new();
-    let opts = SeqLoadOptions::new(16, Duration::from_secs(120), &keys).batches(&["k1", "k2"], 0.25);
+    let opts =
+        SeqLoadOptions::new(16, Duration::from_secs(120), &keys).batches(&["k1", "k2"], 0.25);
     let load = SeqLoad::start(node.endpoint(), opts, history.clone());
 
     let t0 = Instant::now();
@@ -295,7 +316,10 @@ fn crash_under_load(name: &str, how: Crash) {
 
     // Every failure is one the outage explains.
     for (code, n) in &stats.errors_by_sqlstate {
-        assert!(outage_error(code), "{n} calls failed with SQLSTATE {code}, which an outage does not explain: {stats:?}");
+        assert!(
+            outage_error(code),
+            "{n} calls failed with SQLSTATE {code}, which an outage does not explain: {stats:?}"
+        );
     }
     assert!(stats.err_calls >= 1, "the crash interrupted no call at all? {stats:?}");
 
@@ -377,7 +401,11 @@ fn rollback_does_not_return_the_block() {
     assert!(c.query_one("SELECT 1", &[]).is_err(), "the old session ended with the server");
     node.wait_serving().unwrap();
     let mut c = node.connect();
-    assert_eq!(seq_ok(&mut c, "rb", 1), 38, "the block of the never-committed transaction stays taken");
+    assert_eq!(
+        seq_ok(&mut c, "rb", 1),
+        38,
+        "the block of the never-committed transaction stays taken"
+    );
     let t = totals(&mut c);
     assert_eq!((t["rb"], t["rb2"]), (39, 5));
 }
@@ -494,15 +522,22 @@ fn cancel_and_timeouts_while_the_worker_is_stuck() {
 
     let (rx, mut cx) = x.join().unwrap();
     match rx {
-        Err((code, msg)) => assert_eq!(code, "40003", "X, whose request the stuck worker holds: {msg}"),
+        Err((code, msg)) => {
+            assert_eq!(code, "40003", "X, whose request the stuck worker holds: {msg}")
+        }
         Ok(v) => panic!("X succeeded with {v} while the worker was stuck"),
     }
     assert_session_alive(&mut cx, "X after 40003");
     let (rc, cc) = c_thread.join().unwrap();
     let (rd, cd) = d_thread.join().unwrap();
-    for (what, r, mut c) in [("C (single)", rc.map(|v| format!("{v}")), cc), ("D (batch)", rd.map(|v| format!("{v:?}")), cd)] {
+    for (what, r, mut c) in [
+        ("C (single)", rc.map(|v| format!("{v}")), cc),
+        ("D (batch)", rd.map(|v| format!("{v:?}")), cd),
+    ] {
         match r {
-            Err((code, msg)) => assert_eq!(code, "57P03", "{what}, pending while the worker was stuck: {msg}"),
+            Err((code, msg)) => {
+                assert_eq!(code, "57P03", "{what}, pending while the worker was stuck: {msg}")
+            }
             Ok(v) => panic!("{what} succeeded with {v:?} while the worker was stuck"),
         }
         assert_session_alive(&mut c, what);
@@ -551,13 +586,19 @@ fn cancel_and_timeouts_while_the_worker_is_stuck() {
     assert!(cancelled);
     let (rz, mut cz) = z.join().unwrap();
     match rz {
-        Err((code, msg)) => assert_eq!(code, "57014", "Z, cancelled while the stuck worker held its request: {msg}"),
+        Err((code, msg)) => {
+            assert_eq!(code, "57014", "Z, cancelled while the stuck worker held its request: {msg}")
+        }
         Ok(v) => panic!("Z succeeded with {v} while the worker was stuck"),
     }
     assert_session_alive(&mut cz, "Z after the cancel");
     locker.batch_execute("ROLLBACK").unwrap();
     wait_for_total(&mut su, "w", 13);
-    assert_eq!(recorded_seq(&mut su, &history, "w", 1).unwrap(), 13, "Z's block is burnt, not reused");
+    assert_eq!(
+        recorded_seq(&mut su, &history, "w", 1).unwrap(),
+        13,
+        "Z's block is burnt, not reused"
+    );
 
     // A concurrent load after the release stays dense (all the calls above included).
     let opts = SeqLoadOptions::new(8, Duration::from_secs(2), &["w"]);
@@ -565,7 +606,11 @@ fn cancel_and_timeouts_while_the_worker_is_stuck() {
     assert_eq!(stats.err_calls, 0, "{stats:?}");
     let t = totals_of(&mut su, &["w"]);
     let report = check_history(&history, &t, &stats);
-    assert_eq!(report.keys["w"].gaps, vec![(1, 5), (6, 13)], "the only gaps are X's and Z's burnt blocks");
+    assert_eq!(
+        report.keys["w"].gaps,
+        vec![(1, 5), (6, 13)],
+        "the only gaps are X's and Z's burnt blocks"
+    );
 
     // Part 2: the worker is terminated while it holds Y's request.
     assert_eq!(alter_system(&node, "tsoracle.extension_timeout_ms", Some("20000")).unwrap(), "20s");
@@ -585,7 +630,10 @@ fn cancel_and_timeouts_while_the_worker_is_stuck() {
     match ry {
         Err((code, msg)) => {
             assert_eq!(code, "40003", "Y, held by a worker that was terminated: {msg}");
-            assert!(msg.contains("restarted"), "Y should hear from the next worker, not time out: {msg}");
+            assert!(
+                msg.contains("restarted"),
+                "Y should hear from the next worker, not time out: {msg}"
+            );
         }
         Ok(v) => panic!("Y succeeded with {v}, but the worker holding it was terminated"),
     }
@@ -595,7 +643,11 @@ fn cancel_and_timeouts_while_the_worker_is_stuck() {
     let new_pid = counters(&mut su).worker_pid;
     assert!(new_pid.is_some() && new_pid != Some(wpid), "a new worker: {new_pid:?}");
     locker.batch_execute("ROLLBACK").unwrap();
-    assert_eq!(peek_ok(&mut su, "w"), Some(next_w), "Y's block was never committed (its transaction aborted)");
+    assert_eq!(
+        peek_ok(&mut su, "w"),
+        Some(next_w),
+        "Y's block was never committed (its transaction aborted)"
+    );
     assert_eq!(recorded_seq(&mut su, &history, "w", 1).unwrap(), next_w);
     let t = totals_of(&mut su, &["w"]);
     check_history(&history, &t, &stats);
@@ -628,7 +680,11 @@ fn batch_is_all_or_nothing() {
     // --- key cap
     let cap = (keys_now + 1).to_string();
     assert_eq!(alter_system(&node, "tsoracle.max_seq_keys", Some(&cap)).unwrap(), cap);
-    let e = expect_sqlstate(seq_batch(&mut c, &["a", "new1", "new2"], &[1, 1, 1]), &SqlState::PROGRAM_LIMIT_EXCEEDED, "batch creating 2 keys under a cap of 1 more");
+    let e = expect_sqlstate(
+        seq_batch(&mut c, &["a", "new1", "new2"], &[1, 1, 1]),
+        &SqlState::PROGRAM_LIMIT_EXCEEDED,
+        "batch creating 2 keys under a cap of 1 more",
+    );
     eprintln!("key cap: {}", pg_error_string(&e));
     assert_eq!(peek_ok(&mut c, "a"), Some(10), "the failed batch advanced 'a'");
     assert_eq!(peek_ok(&mut c, "new1"), None, "the failed batch created 'new1'");
@@ -638,8 +694,16 @@ fn batch_is_all_or_nothing() {
     let rows = seq_batch(&mut c, &["a", "new1"], &[1, 2]).unwrap();
     assert_eq!(rows, vec![("a".to_string(), 10, 1), ("new1".to_string(), 0, 2)]);
     // Now full.
-    expect_sqlstate(seq_batch(&mut c, &["b", "new3"], &[1, 1]), &SqlState::PROGRAM_LIMIT_EXCEEDED, "batch over a full cap");
-    expect_sqlstate(seq(&mut c, "new4", 1), &SqlState::PROGRAM_LIMIT_EXCEEDED, "tso_seq of a new key over a full cap");
+    expect_sqlstate(
+        seq_batch(&mut c, &["b", "new3"], &[1, 1]),
+        &SqlState::PROGRAM_LIMIT_EXCEEDED,
+        "batch over a full cap",
+    );
+    expect_sqlstate(
+        seq(&mut c, "new4", 1),
+        &SqlState::PROGRAM_LIMIT_EXCEEDED,
+        "tso_seq of a new key over a full cap",
+    );
     assert_eq!(peek_ok(&mut c, "b"), Some(20), "the failed batch advanced 'b'");
     assert_eq!(peek_ok(&mut c, "new3"), None);
     assert_eq!(seq_ok(&mut c, "b", 1), 20, "existing keys still advance at the cap");
@@ -648,9 +712,14 @@ fn batch_is_all_or_nothing() {
     assert_eq!(seq_ok(&mut c, "new4", 1), 0, "the cap was lifted");
 
     // --- overflow
-    c.batch_execute("INSERT INTO tsoracle.seq (key, next) VALUES ('big', 9223372036854775800)").unwrap();
+    c.batch_execute("INSERT INTO tsoracle.seq (key, next) VALUES ('big', 9223372036854775800)")
+        .unwrap();
     let big = 9_223_372_036_854_775_800i64;
-    expect_sqlstate(seq(&mut c, "big", 100), &SqlState::NUMERIC_VALUE_OUT_OF_RANGE, "tso_seq('big', 100)");
+    expect_sqlstate(
+        seq(&mut c, "big", 100),
+        &SqlState::NUMERIC_VALUE_OUT_OF_RANGE,
+        "tso_seq('big', 100)",
+    );
     assert_eq!(peek_ok(&mut c, "big"), Some(big));
     for (keys, counts) in [
         (vec!["a", "big"], vec![5, 100]),
@@ -658,7 +727,11 @@ fn batch_is_all_or_nothing() {
         (vec!["a", "fresh", "big"], vec![1, 1, 8]),
     ] {
         let what = format!("tso_seq_batch({keys:?}, {counts:?})");
-        expect_sqlstate(seq_batch(&mut c, &keys, &counts), &SqlState::NUMERIC_VALUE_OUT_OF_RANGE, &what);
+        expect_sqlstate(
+            seq_batch(&mut c, &keys, &counts),
+            &SqlState::NUMERIC_VALUE_OUT_OF_RANGE,
+            &what,
+        );
         assert_eq!(peek_ok(&mut c, "a"), Some(11), "{what} advanced 'a'");
         assert_eq!(peek_ok(&mut c, "fresh"), None, "{what} created 'fresh'");
         assert_eq!(peek_ok(&mut c, "big"), Some(big), "{what} advanced 'big'");
@@ -667,7 +740,11 @@ fn batch_is_all_or_nothing() {
     let rows = seq_batch(&mut c, &["a", "big"], &[1, 7]).unwrap();
     assert_eq!(rows, vec![("a".to_string(), 11, 1), ("big".to_string(), big, 7)]);
     assert_eq!(peek_ok(&mut c, "big"), Some(i64::MAX));
-    expect_sqlstate(seq(&mut c, "big", 1), &SqlState::NUMERIC_VALUE_OUT_OF_RANGE, "tso_seq('big', 1) at i64::MAX");
+    expect_sqlstate(
+        seq(&mut c, "big", 1),
+        &SqlState::NUMERIC_VALUE_OUT_OF_RANGE,
+        "tso_seq('big', 1) at i64::MAX",
+    );
     assert_eq!(peek_ok(&mut c, "big"), Some(i64::MAX));
 
     // --- failing batches inside busy group commits
@@ -681,7 +758,11 @@ fn batch_is_all_or_nothing() {
     let t0 = Instant::now();
     while t0.elapsed() < Duration::from_secs(3) {
         // Not recorded: an all-or-nothing failure must not explain any gap.
-        expect_sqlstate(seq_batch(&mut c, &["busy", "big"], &[3, 1]), &SqlState::NUMERIC_VALUE_OUT_OF_RANGE, "batch with 'big'");
+        expect_sqlstate(
+            seq_batch(&mut c, &["busy", "big"], &[3, 1]),
+            &SqlState::NUMERIC_VALUE_OUT_OF_RANGE,
+            "batch with 'big'",
+        );
         failed += 1;
     }
     let stats = load.join();
@@ -738,7 +819,13 @@ fn bad_arguments_are_22023_over_sql() {
         ),
     ];
     for (sql, params) in &cases {
-        let what = format!("{sql} {:?}", params.iter().map(|p| format!("{p:?}").chars().take(20).collect::<String>()).collect::<Vec<_>>());
+        let what = format!(
+            "{sql} {:?}",
+            params
+                .iter()
+                .map(|p| format!("{p:?}").chars().take(20).collect::<String>())
+                .collect::<Vec<_>>()
+        );
         expect_sqlstate(c.query(*sql, params), &bad, &what);
     }
     assert_eq!(peek_ok(&mut c, "x"), Some(1), "no rejected call advanced 'x'");
@@ -757,14 +844,25 @@ fn bad_arguments_are_22023_over_sql() {
         .map(|r| (r.get(0), r.get(1), r.get(2)))
         .collect();
     assert_eq!(rows.len(), 64, "64 keys per batch are allowed");
-    assert!(rows.iter().enumerate().all(|(i, r)| r.0 == format!("m{}", i + 1) && r.1 == 0 && r.2 == 1));
+    assert!(rows
+        .iter()
+        .enumerate()
+        .all(|(i, r)| r.0 == format!("m{}", i + 1) && r.1 == 0 && r.2 == 1));
     // tsoracle.max_seq_count is settable by a superuser per session.
     c.batch_execute("SET tsoracle.max_seq_count = 10").unwrap();
     expect_sqlstate(seq(&mut c, "x", 11), &bad, "count above a lowered tsoracle.max_seq_count");
-    expect_sqlstate(seq_batch(&mut c, &["x", "y"], &[1, 11]), &bad, "batch count above a lowered tsoracle.max_seq_count");
+    expect_sqlstate(
+        seq_batch(&mut c, &["x", "y"], &[1, 11]),
+        &bad,
+        "batch count above a lowered tsoracle.max_seq_count",
+    );
     assert_eq!(seq_ok(&mut c, "x", 10), 1);
     assert_eq!(seq_ok(&mut c, "x", 1), 11);
-    assert_eq!(c.query_one("SELECT tso_seq('x')", &[]).unwrap().get::<_, i64>(0), 12, "count defaults to 1");
+    assert_eq!(
+        c.query_one("SELECT tso_seq('x')", &[]).unwrap().get::<_, i64>(0),
+        12,
+        "count defaults to 1"
+    );
     assert_eq!(peek_ok(&mut c, "x"), Some(13));
     assert_eq!(peek_ok(&mut c, "y"), None);
 }
