@@ -12,8 +12,9 @@ run: install
 stop:
 	@if [ -s .run/pgdata/PG_VERSION ]; then runuser -u postgres -- /usr/lib/postgresql/15/bin/pg_ctl -D .run/pgdata -m fast -w stop || true; fi
 
-## Every test: the pure core, the #[pg_test]s inside PostgreSQL, the integration tests.
-test: deps test-core test-pg test-integration
+## Every test: formatting and clippy, the pure core, the #[pg_test]s inside PostgreSQL, the
+## integration tests.
+test: deps lint test-core test-pg test-integration
 
 deps:
 	scripts/install-deps.sh

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Install everything tsoracle needs to build and test, idempotently, on a Debian machine
 # (run as root): PostgreSQL 15 with its server headers, clang for bindgen, sudo for
-# `cargo pgrx test --runas`, and cargo-pgrx 0.18.0 initialised against the system server.
+# `cargo pgrx test --runas`, Patroni and etcd (server and etcdctl) for the high-availability
+# tests, and cargo-pgrx 0.18.0 initialised against the system server.
 set -euo pipefail
 
 PGRX_VERSION=0.18.0
 PG_CONFIG=/usr/lib/postgresql/15/bin/pg_config
-APT_PACKAGES=(postgresql-15 postgresql-server-dev-15 postgresql-client-15 libclang-dev clang sudo pkg-config make)
+APT_PACKAGES=(postgresql-15 postgresql-server-dev-15 postgresql-client-15 libclang-dev clang sudo pkg-config make
+              patroni etcd-server etcd-client)
 
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
@@ -22,6 +24,11 @@ fi
 # The Debian package starts its own cluster on port 5432; we never use it.
 if command -v pg_lsclusters >/dev/null && pg_lsclusters -h 2>/dev/null | grep -q '^15 *main .*online'; then
     pg_ctlcluster 15 main stop || true
+fi
+
+# Nor the Debian etcd service (the Patroni tests start their own etcd on free loopback ports).
+if command -v systemctl >/dev/null && systemctl is-active --quiet etcd 2>/dev/null; then
+    systemctl stop etcd || true
 fi
 
 if ! cargo pgrx --version 2>/dev/null | grep -q "$PGRX_VERSION"; then

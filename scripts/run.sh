@@ -36,6 +36,8 @@ fi
 
 PSQL=("$BIN/psql" -X -h 127.0.0.1 -p "$PORT" -U postgres -d postgres -v ON_ERROR_STOP=1)
 "${PSQL[@]}" -q -c "CREATE EXTENSION IF NOT EXISTS tsoracle"
+# A cluster made by an earlier version: move its extension to the installed library's version.
+"${PSQL[@]}" -q -c "ALTER EXTENSION tsoracle UPDATE"
 "${PSQL[@]}" <<'SQL'
 \echo '==> five timestamps, strictly increasing:'
 SELECT ts, tso_physical(ts) AS physical_ms, tso_logical(ts) AS logical, tso_to_timestamptz(ts) AS at

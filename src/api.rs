@@ -101,7 +101,7 @@ fn seed(physical_ms: i64) -> Result<i64, TsoError> {
     oracle::ensure_primary("seed the high-water")?;
     let target = u64::try_from(physical_ms)
         .ok()
-        .filter(|&ms| ms >= 1 && ms <= timestamp::MAX_SQL_PHYSICAL_MS)
+        .filter(|ms| (1..=timestamp::MAX_SQL_PHYSICAL_MS).contains(ms))
         .ok_or_else(|| {
             TsoError::InvalidArgument(format!(
                 "physical_ms must be between 1 and {} (the last millisecond a timestamp can be issued in), got {physical_ms}",

@@ -143,6 +143,8 @@ impl<T, E: Into<TsoError>> OrReport<T> for Result<T, E> {
 }
 
 pub fn check_superuser(what: &str) -> Result<(), TsoError> {
+    // SAFETY: called from SQL functions, so inside a transaction, where superuser()'s
+    // catalog lookup of the current user is allowed.
     if unsafe { pg_sys::superuser() } {
         Ok(())
     } else {

@@ -134,6 +134,8 @@ pub fn define() {
         GucContext::Sighup,
         GucFlags::UNIT_MS,
     );
+    // SAFETY: a static NUL-terminated prefix; called from _PG_init while preloading, after
+    // every tsoracle.* setting is defined, as PostgreSQL expects of MarkGUCPrefixReserved.
     unsafe { pgrx::pg_sys::MarkGUCPrefixReserved(c"tsoracle".as_ptr()) };
 }
 

@@ -41,6 +41,7 @@ fn one_reply(request: Request) -> Result<Reply, TsoError> {
 }
 
 /// Acquire (or idempotently get back) the lease of `holder` at `holder_epoch`.
+// pgrx derives the result columns from the signature: the TableIterator type is spelled inline.
 #[allow(clippy::type_complexity)]
 #[pg_extern(volatile, parallel_unsafe)]
 fn tso_lease_acquire(
@@ -83,6 +84,7 @@ fn acquire(
 }
 
 /// Re-arm a lease's TTL and advance its bound.
+// pgrx derives the result columns from the signature: the TableIterator type is spelled inline.
 #[allow(clippy::type_complexity)]
 #[pg_extern(volatile, parallel_unsafe, strict)]
 fn tso_lease_renew(

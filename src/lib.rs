@@ -32,6 +32,8 @@ pub extern "C-unwind" fn _PG_init() {
     // Settings, shared memory and the worker exist only when preloaded (a postmaster-level
     // setting cannot even be defined later); otherwise every function reports how to fix
     // it (TsoError::NotPreloaded).
+    // SAFETY: a read of a process-local global that PostgreSQL sets only around loading the
+    // preload libraries, on this same (only) thread.
     if unsafe { pg_sys::process_shared_preload_libraries_in_progress } {
         guc::define();
         shmem::init();

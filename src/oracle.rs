@@ -25,6 +25,8 @@ pub fn ensure_primary(what: &'static str) -> Result<(), TsoError> {
     if SEEN_PRIMARY.load(Ordering::Relaxed) {
         return Ok(());
     }
+    // SAFETY: RecoveryInProgress may be called by any backend at any time: it reads the
+    // recovery state from XLogCtl in shared memory and caches it in a process-local flag.
     if unsafe { pg_sys::RecoveryInProgress() } {
         Err(TsoError::Standby(what))
     } else {
@@ -130,7 +132,10 @@ pub fn not_serving(signals: &Signals, phase: Phase) -> TsoError {
             .share()
             .refusal()
             .unwrap_or_else(|| "the tsoracle worker refuses to serve: see the server log".to_string()),
-        Phase::Fencing => "the fence is running after a start, crash or promotion".to_string(),
+        Phase::Fencing => ORACLE
+            .share()
+            .refusal()
+            .unwrap_or_else(|| "the fence is running after a start, crash or promotion".to_string()),
         Phase::Starting if signals.worker_pid() == 0 => format!(
             "the tsoracle worker is not running; it starts when recovery ends and connects to database \"{}\" (tsoracle.database), which must exist: see the server log",
             guc::database()
@@ -159,6 +164,9 @@ fn wait_on<T>(
 ) -> Result<Option<T>, TsoError> {
     let timeout_ms = guc::extension_timeout_ms();
     let started = Instant::now();
+    // SAFETY: `cv` is a condition variable of the `Signals` block, initialised with
+    // ConditionVariableInit when the segment was created; MyProc, which the sleep queues,
+    // is set for every backend that can run SQL.
     unsafe { pg_sys::ConditionVariablePrepareToSleep(cv) };
     let result = loop {
         match poll() {
@@ -171,8 +179,11 @@ fn wait_on<T>(
             break Ok(None);
         }
         // Short sleeps: the worker may have been between lives when we poked it.
+        // SAFETY: the condition variable prepared above. An interrupt raised while sleeping
+        // unwinds through here as an error, and transaction abort cancels the sleep.
         unsafe { pg_sys::ConditionVariableTimedSleep(cv, left.min(50), pg_sys::PG_WAIT_EXTENSION) };
     };
+    // SAFETY: no arguments; ends the sleep prepared above (a no-op if it already ended).
     unsafe { pg_sys::ConditionVariableCancelSleep() };
     result
 }
@@ -186,6 +197,8 @@ fn wait_on_latch<T>(
     let started = Instant::now();
     loop {
         // Reset before looking, so an answer that lands after the look still wakes us.
+        // SAFETY: MyLatch is set for every backend before it runs SQL, and this process is
+        // its owner, the only one allowed to reset it.
         unsafe { pg_sys::ResetLatch(pg_sys::MyLatch) };
         if let Some(v) = poll()? {
             return Ok(Some(v));
@@ -194,6 +207,8 @@ fn wait_on_latch<T>(
         if left <= 0 {
             return Ok(None);
         }
+        // SAFETY: waiting on our own latch (only its owner may wait on it); with
+        // WL_EXIT_ON_PM_DEATH the process exits if the postmaster dies.
         unsafe {
             pg_sys::WaitLatch(
                 pg_sys::MyLatch,
@@ -323,6 +338,8 @@ pub fn role_name(oid: u32) -> String {
     if name.is_null() {
         format!("with OID {oid}")
     } else {
+        // SAFETY: not NULL, so a NUL-terminated string in the current memory context (see
+        // above), alive until we have copied it here.
         format!("\"{}\"", unsafe { std::ffi::CStr::from_ptr(name) }.to_string_lossy())
     }
 }

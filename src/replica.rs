@@ -5,10 +5,14 @@ use std::ffi::CStr;
 
 /// Read a GUC's current value as a string (None if unset or unknown).
 pub fn config_option(name: &CStr) -> Option<String> {
+    // SAFETY: a NUL-terminated name; with missing_ok = true an unknown setting gives NULL,
+    // and restrict_privileged = false skips the privilege check.
     let ptr = unsafe { pg_sys::GetConfigOption(name.as_ptr(), true, false) };
     if ptr.is_null() {
         return None;
     }
+    // SAFETY: not NULL, so the setting's NUL-terminated value, valid until the next
+    // GetConfigOption call or settings change; copied at once.
     let value = unsafe { CStr::from_ptr(ptr) }.to_string_lossy().trim().to_string();
     (!value.is_empty()).then_some(value)
 }
@@ -96,6 +100,8 @@ pub fn sync_replication_configured() -> bool {
 /// standby has it, and requests it carried are answered "outcome unknown" by the next
 /// worker.
 pub fn confirm_replicated() {
+    // SAFETY: a read of a process-local flag (a sig_atomic_t) that only this process's own
+    // signal handlers and interrupt processing write.
     if unsafe { pg_sys::ProcDiePending } != 0 {
         pgrx::error!(
             "tsoracle worker terminated during a commit: not serving from it, since synchronous standbys may not have it"
@@ -121,6 +127,8 @@ pub fn warn_if_unprotected() {
 /// The replay timeline of a standby.
 pub fn replay_timeline() -> u32 {
     let mut tli: pg_sys::TimeLineID = 0;
+    // SAFETY: a valid out-pointer; GetXLogReplayRecPtr reads the replay position from
+    // shared memory under its spinlock and may be called from any backend.
     unsafe { pg_sys::GetXLogReplayRecPtr(&mut tli) };
     tli
 }

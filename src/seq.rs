@@ -55,6 +55,7 @@ fn tso_seq(key: Option<&str>, count: default!(Option<i32>, 1)) -> i64 {
 }
 
 /// Advance several keys atomically (one commit, all or nothing), in request order.
+// pgrx derives the result columns from the signature: the TableIterator type is spelled inline.
 #[allow(clippy::type_complexity)]
 #[pg_extern(volatile, parallel_unsafe)]
 fn tso_seq_batch(
@@ -262,7 +263,9 @@ mod tests {
     #[pg_test]
     fn bad_batches_are_22023_and_advance_nothing() {
         let k = |s: &str| Some(s.to_string());
-        let cases: Vec<(Option<Vec<Option<String>>>, Option<Vec<Option<i32>>>)> = vec![
+        // The arguments of tso_seq_batch: keys, counts.
+        type Case = (Option<Vec<Option<String>>>, Option<Vec<Option<i32>>>);
+        let cases: Vec<Case> = vec![
             (None, Some(vec![Some(1)])),
             (Some(vec![k("x")]), None),
             (Some(vec![]), Some(vec![])),

@@ -120,8 +120,12 @@ impl OracleState {
     }
 }
 
+// SAFETY: plain data (integers, flags, fieldless enums, a byte array): no pointers and nothing
+// on the heap, so it means the same in every process that maps the segment.
 unsafe impl PGRXSharedMemory for OracleState {}
 
+// SAFETY: the name is that of no other shared-memory struct or LWLock tranche: each of this
+// file's statics has its own, and all start with `tsoracle_`.
 pub static ORACLE: PgLwLock<OracleState> = unsafe { PgLwLock::new(c"tsoracle_oracle") };
 
 /// Longest key or lease holder name, in bytes.
@@ -341,6 +345,7 @@ impl Drop for QueueGuard<'_> {
 /// Stand-in value for pg_shmem_init!'s `Default` requirement.
 #[derive(Clone, Copy, Default)]
 pub struct QueueInit;
+// SAFETY: a unit struct, holding nothing; it never even reaches shared memory.
 unsafe impl PGRXSharedMemory for QueueInit {}
 
 impl PgSharedMemoryInitialization for SharedQueue {
@@ -422,8 +427,11 @@ impl LeaseBounds {
     }
 }
 
+// SAFETY: plain data (a length and an array of integer pairs): no pointers and nothing on
+// the heap.
 unsafe impl PGRXSharedMemory for LeaseBounds {}
 
+// SAFETY: a name of its own, as for `ORACLE`.
 pub static LEASE_BOUNDS: PgLwLock<LeaseBounds> = unsafe { PgLwLock::new(c"tsoracle_lease_bounds") };
 
 /// Slots of the issued-timestamps counter.
@@ -474,11 +482,15 @@ pub struct Signals {
     refence_requested: AtomicBool,
 }
 
+// SAFETY: atomics, PostgreSQL condition variables (made to live in shared memory, used only
+// through ConditionVariable* calls, which lock them), and a pointer to a latch that is itself
+// in shared memory, mapped at the same address in every process.
 unsafe impl PGRXSharedMemory for Signals {}
 
 impl Signals {
     /// Count `count` timestamps issued by this backend.
     pub fn count_issued(&self, count: u32) {
+        // SAFETY: MyProc is set for every backend that can run SQL.
         let slot = unsafe { (*pg_sys::MyProc).pgprocno }.unsigned_abs() as usize % ISSUED_SLOTS;
         self.issued[slot].fetch_add(u64::from(count), Ordering::Relaxed);
     }
@@ -550,6 +562,8 @@ impl Signals {
     }
 
     pub fn broadcast(&self) {
+        // SAFETY: initialised with ConditionVariableInit when the segment was created (no
+        // `Signals` is reachable before); broadcasting takes the variable's own spinlock.
         unsafe { pg_sys::ConditionVariableBroadcast(self.condvar()) };
     }
 
@@ -559,6 +573,7 @@ impl Signals {
 
     /// Wake callers waiting for a free queue slot.
     pub fn broadcast_answers(&self) {
+        // SAFETY: as in `broadcast`.
         unsafe { pg_sys::ConditionVariableBroadcast(self.answers_condvar()) };
     }
 }
@@ -570,6 +585,9 @@ pub struct SharedSignals {
     inner: UnsafeCell<*mut Signals>,
 }
 
+// SAFETY: `inner` is written once per process, in the shmem startup hook, before any other
+// code of this process runs (PostgreSQL backends are single-threaded); afterwards it is only
+// read. What it points to is shared memory made of atomics and condition variables.
 unsafe impl Sync for SharedSignals {}
 
 impl SharedSignals {
@@ -582,6 +600,8 @@ impl SharedSignals {
 
     /// `None` when the library was not preloaded (no shared memory was set up).
     pub fn get(&self) -> Option<&Signals> {
+        // SAFETY: see `unsafe impl Sync`: written only during shmem startup; a non-null
+        // pointer is the initialised block, which lives as long as the process.
         unsafe { (*self.inner.get()).as_ref() }
     }
 }
@@ -590,16 +610,22 @@ impl SharedSignals {
 /// `on_shmem_startup`.
 #[derive(Clone, Copy, Default)]
 pub struct SignalsInit;
+// SAFETY: a unit struct, holding nothing; it never even reaches shared memory.
 unsafe impl PGRXSharedMemory for SignalsInit {}
 
 impl PgSharedMemoryInitialization for SharedSignals {
     type Value = SignalsInit;
 
     unsafe fn on_shmem_request(&'static self) {
+        // SAFETY: called from shmem_request_hook, the one place where space may be requested.
         unsafe { pg_sys::RequestAddinShmemSpace(Self::RAW_SIZE) };
     }
 
     unsafe fn on_shmem_startup(&'static self, _value: SignalsInit) {
+        // SAFETY: called from shmem_startup_hook, under AddinShmemInitLock: the first process
+        // initialises the block, the others find it. ShmemInitStruct returns at least
+        // RAW_SIZE bytes, room for a `Signals` at its alignment; the condition variables are
+        // initialised before the pointer is published.
         unsafe {
             // AddinShmemInitLock is MainLWLockArray[21] (a macro in lwlock.h, so no binding).
             let init_lock = &raw mut (*pg_sys::MainLWLockArray.add(21)).lock;

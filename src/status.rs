@@ -40,7 +40,8 @@ impl Status {
         let header = QUEUE.share().or_report().header();
         let first_grant_ms = signals.first_grant_ms.load(Ordering::Relaxed);
         let worker_pid = signals.worker_pid();
-        // SAFETY: a plain read of process-local state.
+        // SAFETY: RecoveryInProgress may be called by any backend at any time: it reads the
+        // recovery state from XLogCtl in shared memory and caches it in a process-local flag.
         let standby = unsafe { pg_sys::RecoveryInProgress() };
         let mut status = Status {
             role: "primary",
@@ -97,6 +98,7 @@ impl Status {
 
 /// One row describing the oracle on this server.
 #[pg_extern]
+// pgrx derives the result columns from the signature: the TableIterator type is spelled inline.
 #[allow(clippy::type_complexity)]
 fn tso_status() -> TableIterator<
     'static,

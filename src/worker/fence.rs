@@ -11,6 +11,23 @@ use tsoracle_core::lease::{Lease, LeaseTable};
 use tsoracle_core::timestamp::MAX_SQL_PHYSICAL_MS;
 
 impl Worker {
+    /// Strict mode only: wait (not serving, `tso_status().detail` says why) until a
+    /// synchronous standby is connected. False on shutdown.
+    fn wait_for_synchronous_standby(&self) -> bool {
+        loop {
+            let Some(why) = BackgroundWorker::transaction(super::strict_mode_refusal) else {
+                ORACLE.exclusive().set_refusal("");
+                return true;
+            };
+            ORACLE.exclusive().set_refusal(&why);
+            self.signals.broadcast();
+            if !BackgroundWorker::wait_latch(Some(std::time::Duration::from_millis(200))) {
+                return false;
+            }
+            pg_sys::check_for_interrupts!();
+        }
+    }
+
     /// The failover fence (docs/worker.md): stop serving, load the durable high-water,
     /// persist a bound above it at this timeline, reload the leases, seed the allocator,
     /// serve. `min_floor_ms` > 0 is a `tso_seed()` request. False when the oracle cannot
@@ -26,7 +43,15 @@ impl Worker {
             st.max_committed_ms
         };
         self.signals.broadcast();
+        // Strict mode: not even the fence's window is served before a synchronous standby
+        // can confirm it (after a promotion, until the HA manager has named one).
+        if !self.wait_for_synchronous_standby() {
+            return false;
+        }
 
+        // SAFETY: GetWALInsertionTimeLine requires recovery to have ended: the worker starts
+        // only once it has (BgWorkerStart_RecoveryFinished) and it never starts again while
+        // the server runs, so the insertion timeline no longer changes.
         let timeline = unsafe { pg_sys::GetWALInsertionTimeLine() };
         let commit_started_ms = now_ms();
         let advance = guc::failover_advance_ms();

@@ -89,6 +89,9 @@ enum Stop {
 #[unsafe(no_mangle)]
 pub extern "C-unwind" fn tsoracle_worker_main(_arg: pg_sys::Datum) {
     BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP);
+    // SAFETY: installing this process's own handlers as the worker starts: `die` is
+    // PostgreSQL's SIGTERM handler for backends (in a worker it only sets flags and the
+    // latch), and an ignored SIGINT has no handler.
     unsafe {
         // SIGTERM is PostgreSQL's own `die`: it ends a synchronous-replication wait (so a
         // shutdown never hangs on a missing standby), and `confirm_replicated` then refuses
@@ -116,6 +119,9 @@ pub extern "C-unwind" fn tsoracle_worker_main(_arg: pg_sys::Datum) {
     };
     shmem::wake_waiters(waiters);
     signals.broadcast_answers();
+    // SAFETY: plain reads of this process's globals: MyLatch is its PGPROC latch (in shared
+    // memory, so any backend may set it) and MyProcPid its pid. The exit callback is a static
+    // function that uses no argument.
     unsafe {
         signals.set_worker(pg_sys::MyLatch, pg_sys::MyProcPid);
         pg_sys::before_shmem_exit(Some(on_worker_exit), pg_sys::Datum::from(0usize));
@@ -144,6 +150,9 @@ pub extern "C-unwind" fn tsoracle_worker_main(_arg: pg_sys::Datum) {
     }
     // Exit code 1: the postmaster restarts us unless it is shutting down, so even a stray
     // pg_terminate_backend() cannot leave the cluster without a worker.
+    // SAFETY: called outside any transaction, with no lock guard alive; proc_exit runs the
+    // exit callbacks and never returns, so what is still in scope is only leaked by a process
+    // that is exiting.
     unsafe { pg_sys::proc_exit(1) };
 }
 
@@ -377,6 +386,8 @@ impl Worker {
             }
             pg_sys::check_for_interrupts!();
             if BackgroundWorker::sighup_received() {
+                // SAFETY: called from the worker's main loop, between transactions, where no
+                // LWLock is held.
                 unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
                 warn_if_window_exceeds_ha_ttl();
             }

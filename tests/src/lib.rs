@@ -12,16 +12,20 @@
 //!   timestamp/sequence load that follows it, synchronous standbys, replay waits.
 //! * [`seqlease`]: dense sequences and leases: a `tso_seq`/`tso_seq_batch` load recording a
 //!   [`DenseHistory`], the group-commit counters, `ALTER SYSTEM` + reload.
+//! * [`backup`]: `pg_dump`/`pg_restore`/`psql -f` runners (as the postgres OS user), WAL
+//!   archiving and point-in-time recovery, a prober that watches a server during a restore.
 //! * [`tso`]: helpers for the extension's SQL surface (`tso_status()`, `wait_serving`, the
 //!   timestamp layout, SQLSTATE assertions).
 //!
 //! Everything is bounded in time: no helper can wait forever.
 
+pub mod backup;
 pub mod cluster;
 pub mod error;
 pub mod history;
 pub mod load;
 pub mod node;
+pub mod patroni;
 pub mod rng;
 pub mod seqlease;
 pub mod tso;
@@ -39,3 +43,22 @@ pub use tso::{
 };
 
 pub type Result<T, E = HarnessError> = std::result::Result<T, E>;
+
+/// A started node with the extension created and serving; panics with the cause otherwise.
+#[track_caller]
+pub fn serving_node(name: &str, opts: NodeOpts) -> Node {
+    let node = Node::start_new(name, opts).unwrap_or_else(|e| panic!("start node {name}: {e}"));
+    node.create_extension()
+        .unwrap_or_else(|e| panic!("CREATE EXTENSION / wait_serving failed: {e}"));
+    node
+}
+
+/// Poll `cond` (every 20 ms) until it holds; panic naming `what` once `timeout` has passed.
+#[track_caller]
+pub fn wait_for(what: &str, timeout: std::time::Duration, mut cond: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + timeout;
+    while !cond() {
+        assert!(std::time::Instant::now() < deadline, "{what}: not within {timeout:?}");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}

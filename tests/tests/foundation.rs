@@ -12,16 +12,9 @@ use tsoracle_tests::tso::{
     self, durable_high_water, show, status, tso_next, tso_next_batch, tso_seed, MAX_BATCH,
 };
 use tsoracle_tests::{
-    expect_sqlstate, now_ms, ops, physical, History, Load, LoadOptions, Node, NodeOpts, StopMode,
+    expect_sqlstate, now_ms, ops, physical, serving_node, History, Load, LoadOptions, Node,
+    NodeOpts, StopMode,
 };
-
-/// A started node with the extension created and serving.
-fn serving_node(name: &str, opts: NodeOpts) -> Node {
-    let node = Node::start_new(name, opts).expect("start node");
-    node.create_extension()
-        .unwrap_or_else(|e| panic!("CREATE EXTENSION / wait_serving failed: {e}"));
-    node
-}
 
 /// Raw `pg_settings.setting` of a GUC (no unit suffix) and its `min_val`.
 fn setting_and_min(c: &mut Client, name: &str) -> (i64, i64) {

@@ -17,18 +17,11 @@ use postgres::Client;
 use tsoracle_tests::seqlease::{alter_system, queue_counters, sqlstate_of, QueueCounters};
 use tsoracle_tests::tso::{durable_high_water, tso_next};
 use tsoracle_tests::{
-    expect_sqlstate, now_ms, ops, pg_error_string, physical, History, Load, LoadOptions, Node,
-    NodeOpts, SplitMix64, StopMode,
+    expect_sqlstate, now_ms, ops, pg_error_string, physical, serving_node, wait_for, History, Load,
+    LoadOptions, NodeOpts, SplitMix64, StopMode,
 };
 
 // ============================================================================ helpers
-
-fn serving_node(name: &str) -> Node {
-    let node = Node::start_new(name, NodeOpts::new()).expect("start node");
-    node.create_extension()
-        .unwrap_or_else(|e| panic!("CREATE EXTENSION / wait_serving failed: {e}"));
-    node
-}
 
 /// One row of `tso_lease_acquire`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -168,16 +161,6 @@ fn sleep_until_ms(ms: i64) {
     }
 }
 
-/// Wait (bounded) for `cond`.
-#[track_caller]
-fn wait_for(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + timeout;
-    while !cond() {
-        assert!(Instant::now() < deadline, "{what}: not within {timeout:?}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 // ============================================================================ 1
 
 /// Leases survive `restart -m fast` and kill -9 of the postmaster: the same id, bound, expiry
@@ -189,7 +172,7 @@ fn wait_for(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
 /// bound granted before it.
 #[test]
 fn leases_survive_restart_and_kill9() {
-    let mut node = serving_node("lease-restart");
+    let mut node = serving_node("lease-restart", NodeOpts::new());
     let mut c = node.connect();
     let t0 = now_ms();
     let mut a = acquire_ok(&mut c, "keeper", 1, 60_000);
@@ -284,7 +267,7 @@ fn leases_survive_restart_and_kill9() {
 /// while the server is down is dropped at the next start; a live one is kept.
 #[test]
 fn safe_frontier_moves() {
-    let mut node = serving_node("lease-frontier");
+    let mut node = serving_node("lease-frontier", NodeOpts::new());
     let mut c = node.connect();
     let f0 = frontier(&mut c);
     assert!(f0 > 0 && f0 <= status_high_water(&mut c), "no lease: frontier {f0} is the high-water");
@@ -379,7 +362,7 @@ fn safe_frontier_moves() {
 /// Once purged, the id is unknown: P0002, like an id that was never granted.
 #[test]
 fn renew_of_an_expired_lease_is_55000_until_purged() {
-    let node = serving_node("lease-expired");
+    let node = serving_node("lease-expired", NodeOpts::new());
     let mut c = node.connect();
     assert_eq!(alter_system(&node, "tsoracle.lease_ttl_min_ms", Some("200")).unwrap(), "200ms");
     let g = acquire_ok(&mut c, "late", 1, 500);
@@ -730,7 +713,7 @@ fn lease_session(
 /// * the frontier is at most every live bound; the `tso_next()` history is valid.
 #[test]
 fn concurrent_leases_are_never_lost() {
-    let node = serving_node("lease-concurrent");
+    let node = serving_node("lease-concurrent", NodeOpts::new());
     assert_eq!(alter_system(&node, "tsoracle.lease_ttl_min_ms", Some("200")).unwrap(), "200ms");
     let shared = Arc::new(Shared::default());
     let grants = History::new();
@@ -861,7 +844,7 @@ fn concurrent_leases_are_never_lost() {
 /// renew and release, but still never read or write `tsoracle.lease`. Revoked, 42501 again.
 #[test]
 fn leases_are_a_privilege() {
-    let node = serving_node("lease-privileges");
+    let node = serving_node("lease-privileges", NodeOpts::new());
     let mut su = node.connect();
     su.batch_execute("CREATE ROLE plain LOGIN").unwrap();
     let mut p = node.connect_as("plain");
@@ -918,7 +901,7 @@ fn leases_are_a_privilege() {
 /// lease). The bounds are inclusive; release is idempotent; renew(NULL) is STRICT (no row).
 #[test]
 fn bad_lease_arguments_over_sql() {
-    let node = serving_node("lease-bad");
+    let node = serving_node("lease-bad", NodeOpts::new());
     let mut c = node.connect();
     let bad = SqlState::INVALID_PARAMETER_VALUE;
     for ttl in [4_999, 300_001, 0, -1, i32::MIN, i32::MAX] {

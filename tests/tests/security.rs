@@ -12,18 +12,12 @@ use postgres::error::SqlState;
 use postgres::{Client, NoTls};
 use tsoracle_tests::tso::{durable_high_water, status, tso_next, tso_seed};
 use tsoracle_tests::{
-    expect_sqlstate, now_ms, pg_error_string, physical, Node, NodeOpts, StopMode,
+    expect_sqlstate, now_ms, pg_error_string, physical, serving_node, wait_for, Node, NodeOpts,
+    StopMode,
 };
 
 /// The last millisecond a timestamp can be issued in (the allocator's `MAX_SQL_PHYSICAL_MS`).
 const MAX_SQL_PHYSICAL_MS: i64 = (1 << 45) - 1;
-
-fn serving_node(name: &str, opts: NodeOpts) -> Node {
-    let node = Node::start_new(name, opts).expect("start node");
-    node.create_extension()
-        .unwrap_or_else(|e| panic!("CREATE EXTENSION / wait_serving failed: {e}"));
-    node
-}
 
 fn ok<T>(r: Result<T, postgres::Error>, what: &str) -> T {
     r.unwrap_or_else(|e| panic!("{what}: {}", pg_error_string(&e)))
@@ -35,18 +29,6 @@ fn seq(c: &mut Client, key: &str, count: i32) -> Result<i64, postgres::Error> {
 
 fn worker_pid(c: &mut Client) -> Option<i32> {
     ok(status(c), "tso_status()").worker_pid
-}
-
-/// Poll until `cond` holds (bounded); panics with `what` otherwise.
-fn wait_for(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + timeout;
-    while Instant::now() < deadline {
-        if cond() {
-            return;
-        }
-        thread::sleep(Duration::from_millis(50));
-    }
-    panic!("timed out after {timeout:?} waiting for {what}");
 }
 
 // ---------------------------------------------------------------------------------------- 1

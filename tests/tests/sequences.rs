@@ -17,18 +17,11 @@ use tsoracle_tests::seqlease::{
     SeqLoad, SeqLoadOptions, SeqLoadStats,
 };
 use tsoracle_tests::{
-    expect_sqlstate, pg_error_string, DenseHistory, DenseReport, Node, NodeOpts, StopMode,
+    expect_sqlstate, pg_error_string, serving_node, DenseHistory, DenseReport, Node, NodeOpts,
+    StopMode,
 };
 
 // ============================================================================ helpers
-
-/// A started node with the extension created and serving.
-fn serving_node(name: &str) -> Node {
-    let node = Node::start_new(name, NodeOpts::new()).expect("start node");
-    node.create_extension()
-        .unwrap_or_else(|e| panic!("CREATE EXTENSION / wait_serving failed: {e}"));
-    node
-}
 
 #[track_caller]
 fn counters(c: &mut Client) -> QueueCounters {
@@ -215,7 +208,7 @@ fn recorded_seq(
 /// fewer commits than calls (some commit carried two calls or more).
 #[test]
 fn concurrent_blocks_tile_and_group_commit() {
-    let node = serving_node("seq-concurrent");
+    let node = serving_node("seq-concurrent", NodeOpts::new());
     let mut su = node.connect();
     let keys = ["alpha", "beta", "gamma"];
     let before = counters(&mut su);
@@ -272,7 +265,7 @@ enum Crash {
 }
 
 fn crash_under_load(name: &str, how: Crash) {
-    let mut node = serving_node(name);
+    let mut node = serving_node(name, NodeOpts::new());
     let keys = ["k1", "k2", "k3"];
     let history = DenseHistory::new();
     let opts =
@@ -362,7 +355,7 @@ fn kill9_worker_under_load_grants_no_block_twice() {
 /// immediate`, also with the caller's transaction still open when the server went down.
 #[test]
 fn rollback_does_not_return_the_block() {
-    let mut node = serving_node("seq-rollback");
+    let mut node = serving_node("seq-rollback", NodeOpts::new());
     let mut c = node.connect();
     assert_eq!(peek_ok(&mut c, "rb"), None, "a new key peeks as NULL");
     assert_eq!(seq_ok(&mut c, "rb", 3), 0, "a new key starts at 0");
@@ -436,7 +429,7 @@ fn rollback_does_not_return_the_block() {
 /// not committed (the worker's transaction aborted), the other sessions survive.
 #[test]
 fn cancel_and_timeouts_while_the_worker_is_stuck() {
-    let mut node = serving_node("seq-stuck");
+    let mut node = serving_node("seq-stuck", NodeOpts::new());
     let pm = node.postmaster_pid();
     let history = DenseHistory::new();
     let mut su = node.connect();
@@ -671,7 +664,7 @@ fn cancel_and_timeouts_while_the_worker_is_stuck() {
 /// exactly dense.
 #[test]
 fn batch_is_all_or_nothing() {
-    let node = serving_node("seq-batch");
+    let node = serving_node("seq-batch", NodeOpts::new());
     let mut c = node.connect();
     assert_eq!(seq_ok(&mut c, "a", 10), 0);
     assert_eq!(seq_ok(&mut c, "b", 20), 0);
@@ -779,7 +772,7 @@ fn batch_is_all_or_nothing() {
 /// (128-byte key, count = tsoracle.max_seq_count).
 #[test]
 fn bad_arguments_are_22023_over_sql() {
-    let node = serving_node("seq-bad");
+    let node = serving_node("seq-bad", NodeOpts::new());
     let mut c = node.connect();
     assert_eq!(seq_ok(&mut c, "x", 1), 0);
     let bad = SqlState::INVALID_PARAMETER_VALUE;
