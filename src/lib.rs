@@ -3,13 +3,12 @@
 //! Layout: the pure algorithm is the `tsoracle-core` crate; here are the PostgreSQL parts:
 //! `shmem` (shared state: allocator bookkeeping, the lock-free window, the request queue),
 //! `worker` (the only writer of durable state), `oracle` (the caller's side: take from the
-//! window, queue requests, wait), the SQL surface in `api` (timestamps, seed, status),
+//! window, queue requests, wait), the SQL surface in `timestamps` (timestamps, seed), `status`,
 //! `seq` (counters) and `lease` (leases and the safe frontier), `restore` (merging restored
 //! rows), `guc`, `error`, `replica` (standbys, synchronous replication) and `clock`.
 
 use pgrx::prelude::*;
 
-mod api;
 mod clock;
 mod error;
 mod guc;
@@ -20,6 +19,7 @@ mod restore;
 mod seq;
 mod shmem;
 mod status;
+mod timestamps;
 mod worker;
 
 #[cfg(any(test, feature = "pg_test"))]

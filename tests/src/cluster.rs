@@ -18,7 +18,6 @@
 use std::fs;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use postgres::error::SqlState;
@@ -26,7 +25,7 @@ use postgres::Client;
 
 use crate::error::{pg_error_string, HarnessError};
 use crate::history::{DenseHistory, History};
-use crate::load::{Endpoint, LoadStats, MAX_LOAD_DURATION};
+use crate::load::{Endpoint, LoadStats, Workers, MAX_LOAD_DURATION};
 use crate::node::Node;
 use crate::rng::SplitMix64;
 use crate::Result;
@@ -99,8 +98,7 @@ impl Default for MixedLoadOptions {
 
 /// A running mixed load (see the module documentation).
 pub struct MixedLoad {
-    stop: Arc<AtomicBool>,
-    handles: Vec<JoinHandle<LoadStats>>,
+    workers: Workers<LoadStats>,
 }
 
 impl MixedLoad {
@@ -111,55 +109,27 @@ impl MixedLoad {
         dense: DenseHistory,
     ) -> MixedLoad {
         assert!(!opts.seq_keys.is_empty() || opts.seq_share == 0.0, "seq_share needs seq_keys");
-        let stop = Arc::new(AtomicBool::new(false));
         let deadline = Instant::now() + opts.duration.min(MAX_LOAD_DURATION);
-        let handles = (0..opts.threads)
-            .map(|i| {
-                let (stop, target, opts, ts, dense) =
-                    (stop.clone(), target.clone(), opts.clone(), ts.clone(), dense.clone());
-                std::thread::Builder::new()
-                    .name(format!("mixed-load-{i}"))
-                    .spawn(move || mixed_worker(target, opts, ts, dense, stop, deadline))
-                    .expect("spawn load thread")
-            })
-            .collect();
-        MixedLoad { stop, handles }
+        let workers = Workers::spawn("mixed-load", opts.threads, |_| {
+            let (target, opts, ts, dense) =
+                (target.clone(), opts.clone(), ts.clone(), dense.clone());
+            move |stop| mixed_worker(target, opts, ts, dense, stop, deadline)
+        });
+        MixedLoad { workers }
     }
 
     pub fn stop(&self) {
-        self.stop.store(true, Ordering::SeqCst);
+        self.workers.stop();
     }
 
     /// Stop the threads and wait for them; a panic in a thread is propagated.
-    pub fn stop_and_join(mut self) -> LoadStats {
+    pub fn stop_and_join(self) -> LoadStats {
         self.stop();
         let mut total = LoadStats::default();
-        for h in self.handles.drain(..) {
-            match h.join() {
-                Ok(s) => {
-                    total.ok_calls += s.ok_calls;
-                    total.err_calls += s.err_calls;
-                    total.connects += s.connects;
-                    total.connect_failures += s.connect_failures;
-                    for e in s.sample_errors {
-                        if total.sample_errors.len() < 12 && !total.sample_errors.contains(&e) {
-                            total.sample_errors.push(e);
-                        }
-                    }
-                }
-                Err(p) => std::panic::resume_unwind(p),
-            }
+        for s in self.workers.join() {
+            total.merge(s);
         }
         total
-    }
-}
-
-impl Drop for MixedLoad {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::SeqCst);
-        for h in self.handles.drain(..) {
-            let _ = h.join();
-        }
     }
 }
 

@@ -91,22 +91,23 @@ pub enum Violation {
     RealTime { earlier: String, later: String },
 }
 
-/// A thread-safe recorder of [`Call`]s; clones share the same history.
+/// A thread-safe, append-only record of calls of type `T`; clones share the same record.
+/// [`History`] records timestamp calls, [`DenseHistory`] sequence blocks.
 #[derive(Clone, Debug)]
-pub struct History {
+pub struct Recorder<T> {
     origin: Instant,
-    calls: Arc<Mutex<Vec<Call>>>,
+    calls: Arc<Mutex<Vec<T>>>,
 }
 
-impl Default for History {
+impl<T: Clone> Default for Recorder<T> {
     fn default() -> Self {
         Self::new()
     }
 }
 
-impl History {
+impl<T: Clone> Recorder<T> {
     pub fn new() -> Self {
-        History { origin: Instant::now(), calls: Arc::new(Mutex::new(Vec::new())) }
+        Recorder { origin: Instant::now(), calls: Arc::new(Mutex::new(Vec::new())) }
     }
 
     /// Reference instant for readable reports (times are printed relative to it).
@@ -114,10 +115,33 @@ impl History {
         self.origin
     }
 
-    pub fn record(&self, call: Call) {
+    pub fn record(&self, call: T) {
         self.calls.lock().unwrap_or_else(|p| p.into_inner()).push(call);
     }
 
+    /// A copy of the calls recorded so far.
+    pub fn calls(&self) -> Vec<T> {
+        self.calls.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    pub fn len(&self) -> usize {
+        self.calls.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn with_calls<R>(&self, f: impl FnOnce(&[T]) -> R) -> R {
+        let g = self.calls.lock().unwrap_or_else(|p| p.into_inner());
+        f(&g)
+    }
+}
+
+/// Timestamp calls: checked for uniqueness and real-time order.
+pub type History = Recorder<Call>;
+
+impl History {
     pub fn record_ok(&self, start: Instant, end: Instant, node: &str, first: i64, count: i64) {
         self.record(Call { start, end, node: node.to_string(), result: Ok(first), count });
     }
@@ -131,24 +155,6 @@ impl History {
         count: i64,
     ) {
         self.record(Call { start, end, node: node.to_string(), result: Err(error.into()), count });
-    }
-
-    /// A copy of the calls recorded so far.
-    pub fn calls(&self) -> Vec<Call> {
-        self.calls.lock().unwrap_or_else(|p| p.into_inner()).clone()
-    }
-
-    pub fn len(&self) -> usize {
-        self.calls.lock().unwrap_or_else(|p| p.into_inner()).len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    fn with_calls<R>(&self, f: impl FnOnce(&[Call]) -> R) -> R {
-        let g = self.calls.lock().unwrap_or_else(|p| p.into_inner());
-        f(&g)
     }
 
     /// Successful calls that started at or after `t`.
@@ -394,28 +400,10 @@ pub enum DenseViolation {
     },
 }
 
-/// A thread-safe recorder of [`DenseCall`]s; clones share the same history.
-#[derive(Clone, Debug)]
-pub struct DenseHistory {
-    origin: Instant,
-    calls: Arc<Mutex<Vec<DenseCall>>>,
-}
-
-impl Default for DenseHistory {
-    fn default() -> Self {
-        Self::new()
-    }
-}
+/// Sequence blocks: checked per key for overlap, real-time order and tiling.
+pub type DenseHistory = Recorder<DenseCall>;
 
 impl DenseHistory {
-    pub fn new() -> Self {
-        DenseHistory { origin: Instant::now(), calls: Arc::new(Mutex::new(Vec::new())) }
-    }
-
-    pub fn record(&self, call: DenseCall) {
-        self.calls.lock().unwrap_or_else(|p| p.into_inner()).push(call);
-    }
-
     pub fn record_ok(
         &self,
         start: Instant,
@@ -452,18 +440,6 @@ impl DenseHistory {
             result: Err(error.into()),
             count,
         });
-    }
-
-    pub fn calls(&self) -> Vec<DenseCall> {
-        self.calls.lock().unwrap_or_else(|p| p.into_inner()).clone()
-    }
-
-    pub fn len(&self) -> usize {
-        self.calls.lock().unwrap_or_else(|p| p.into_inner()).len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 
     /// Check every key; `totals` (key → counter value read back from the server) makes the

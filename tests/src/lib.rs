@@ -33,9 +33,9 @@ pub mod tso;
 pub use error::{pg_error_string, HarnessError};
 pub use history::{
     check_calls, check_dense, Call, DenseCall, DenseHistory, DenseReport, DenseViolation, History,
-    HistoryReport, Violation,
+    HistoryReport, Recorder, Violation,
 };
-pub use load::{ops, Endpoint, Load, LoadOptions, LoadStats, Op};
+pub use load::{ops, Endpoint, Load, LoadOptions, LoadStats, Op, Workers};
 pub use node::{Node, NodeOpts, StopMode};
 pub use rng::SplitMix64;
 pub use tso::{
@@ -56,8 +56,22 @@ pub fn serving_node(name: &str, opts: NodeOpts) -> Node {
 /// Poll `cond` (every 20 ms) until it holds; panic naming `what` once `timeout` has passed.
 #[track_caller]
 pub fn wait_for(what: &str, timeout: std::time::Duration, mut cond: impl FnMut() -> bool) {
+    poll_until(what, timeout, || cond().then_some(()))
+}
+
+/// Poll `f` (every 20 ms) until it gives a value; panic naming `what` once `timeout` has
+/// passed. Every wait of the harness and the tests goes through here, so none is unbounded.
+#[track_caller]
+pub fn poll_until<T>(
+    what: &str,
+    timeout: std::time::Duration,
+    mut f: impl FnMut() -> Option<T>,
+) -> T {
     let deadline = std::time::Instant::now() + timeout;
-    while !cond() {
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
         assert!(std::time::Instant::now() < deadline, "{what}: not within {timeout:?}");
         std::thread::sleep(std::time::Duration::from_millis(20));
     }

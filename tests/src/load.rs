@@ -152,7 +152,7 @@ pub struct LoadStats {
 }
 
 impl LoadStats {
-    fn merge(&mut self, o: LoadStats) {
+    pub(crate) fn merge(&mut self, o: LoadStats) {
         self.ok_calls += o.ok_calls;
         self.err_calls += o.err_calls;
         self.connects += o.connects;
@@ -167,28 +167,20 @@ impl LoadStats {
 
 /// A running load.
 pub struct Load {
-    stop: Arc<AtomicBool>,
-    handles: Vec<JoinHandle<LoadStats>>,
+    workers: Workers<LoadStats>,
 }
 
 impl Load {
     /// Start `opts.threads` threads calling `op` against `endpoints`, recording into `history`.
     pub fn start(endpoints: Vec<Endpoint>, opts: LoadOptions, op: Op, history: History) -> Load {
         assert!(!endpoints.is_empty(), "load needs at least one endpoint");
-        let stop = Arc::new(AtomicBool::new(false));
         let deadline = Instant::now() + opts.duration.min(MAX_LOAD_DURATION);
-        let handles = (0..opts.threads)
-            .map(|i| {
-                let ep = endpoints[i % endpoints.len()].clone();
-                let (stop, op, history, opts) =
-                    (stop.clone(), op.clone(), history.clone(), opts.clone());
-                std::thread::Builder::new()
-                    .name(format!("load-{i}"))
-                    .spawn(move || worker(ep, op, history, stop, deadline, opts))
-                    .expect("spawn load thread")
-            })
-            .collect();
-        Load { stop, handles }
+        let workers = Workers::spawn("load", opts.threads, |i| {
+            let ep = endpoints[i % endpoints.len()].clone();
+            let (op, history, opts) = (op.clone(), history.clone(), opts.clone());
+            move |stop| worker(ep, op, history, stop, deadline, opts)
+        });
+        Load { workers }
     }
 
     /// Start, wait for `opts.duration`, join.
@@ -203,22 +195,19 @@ impl Load {
 
     /// The flag that stops the threads (shareable with other code).
     pub fn stop_flag(&self) -> Arc<AtomicBool> {
-        self.stop.clone()
+        self.workers.stop_flag()
     }
 
     pub fn stop(&self) {
-        self.stop.store(true, Ordering::SeqCst);
+        self.workers.stop();
     }
 
     /// Wait for the threads (they end at their deadline or when stopped); a panic in a thread
     /// is propagated.
-    pub fn join(mut self) -> LoadStats {
+    pub fn join(self) -> LoadStats {
         let mut total = LoadStats::default();
-        for h in self.handles.drain(..) {
-            match h.join() {
-                Ok(s) => total.merge(s),
-                Err(p) => std::panic::resume_unwind(p),
-            }
+        for s in self.workers.join() {
+            total.merge(s);
         }
         total
     }
@@ -229,9 +218,53 @@ impl Load {
     }
 }
 
-impl Drop for Load {
+/// A group of named threads that share a stop flag, each returning a result. Joining
+/// propagates a thread's panic; dropping the group (a test that panicked) stops and joins
+/// them, so nothing is left running. Every load of the harness is one.
+pub struct Workers<S> {
+    stop: Arc<AtomicBool>,
+    handles: Vec<JoinHandle<S>>,
+}
+
+impl<S: Send + 'static> Workers<S> {
+    /// Start `n` threads named `name-0`, `name-1`, ...; `make(i)` builds thread `i`'s body,
+    /// which receives the stop flag.
+    pub fn spawn<F>(name: &str, n: usize, mut make: impl FnMut(usize) -> F) -> Workers<S>
+    where
+        F: FnOnce(Arc<AtomicBool>) -> S + Send + 'static,
+    {
+        let stop = Arc::new(AtomicBool::new(false));
+        let handles = (0..n)
+            .map(|i| {
+                let (body, stop) = (make(i), stop.clone());
+                std::thread::Builder::new()
+                    .name(format!("{name}-{i}"))
+                    .spawn(move || body(stop))
+                    .unwrap_or_else(|e| panic!("spawn thread {name}-{i}: {e}"))
+            })
+            .collect();
+        Workers { stop, handles }
+    }
+
+    pub fn stop_flag(&self) -> Arc<AtomicBool> {
+        self.stop.clone()
+    }
+
+    pub fn stop(&self) {
+        self.stop.store(true, Ordering::SeqCst);
+    }
+
+    /// Wait for every thread; a panic in one is propagated.
+    pub fn join(mut self) -> Vec<S> {
+        self.handles
+            .drain(..)
+            .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+            .collect()
+    }
+}
+
+impl<S> Drop for Workers<S> {
     fn drop(&mut self) {
-        // A test that panicked while a load ran: stop the threads, don't leave them running.
         self.stop.store(true, Ordering::SeqCst);
         for h in self.handles.drain(..) {
             let _ = h.join();

@@ -19,14 +19,13 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use postgres::Client;
 
 use crate::error::{pg_error_string, HarnessError};
 use crate::history::DenseHistory;
-use crate::load::{Endpoint, MAX_LOAD_DURATION};
+use crate::load::{Endpoint, Workers, MAX_LOAD_DURATION};
 use crate::node::Node;
 use crate::rng::SplitMix64;
 use crate::Result;
@@ -210,40 +209,29 @@ impl SeqLoadStats {
 
 /// A running sequence load (see the module documentation).
 pub struct SeqLoad {
-    stop: Arc<AtomicBool>,
-    handles: Vec<JoinHandle<SeqLoadStats>>,
+    workers: Workers<SeqLoadStats>,
 }
 
 impl SeqLoad {
     pub fn start(endpoint: Endpoint, opts: SeqLoadOptions, history: DenseHistory) -> SeqLoad {
         assert!(!opts.keys.is_empty() || !opts.batch_keys.is_empty(), "a sequence load needs keys");
-        let stop = Arc::new(AtomicBool::new(false));
         let deadline = Instant::now() + opts.duration.min(MAX_LOAD_DURATION);
-        let handles = (0..opts.threads)
-            .map(|i| {
-                let (ep, stop, history, opts) =
-                    (endpoint.clone(), stop.clone(), history.clone(), opts.clone());
-                std::thread::Builder::new()
-                    .name(format!("seq-load-{i}"))
-                    .spawn(move || seq_worker(ep, history, stop, deadline, opts))
-                    .expect("spawn sequence load thread")
-            })
-            .collect();
-        SeqLoad { stop, handles }
+        let workers = Workers::spawn("seq-load", opts.threads, |_| {
+            let (ep, history, opts) = (endpoint.clone(), history.clone(), opts.clone());
+            move |stop| seq_worker(ep, history, stop, deadline, opts)
+        });
+        SeqLoad { workers }
     }
 
     pub fn stop(&self) {
-        self.stop.store(true, Ordering::SeqCst);
+        self.workers.stop();
     }
 
     /// Wait for the threads; a panic in one (e.g. a malformed batch answer) is propagated.
-    pub fn join(mut self) -> SeqLoadStats {
+    pub fn join(self) -> SeqLoadStats {
         let mut total = SeqLoadStats::default();
-        for h in self.handles.drain(..) {
-            match h.join() {
-                Ok(s) => total.merge(s),
-                Err(p) => std::panic::resume_unwind(p),
-            }
+        for s in self.workers.join() {
+            total.merge(s);
         }
         total
     }
@@ -251,15 +239,6 @@ impl SeqLoad {
     pub fn stop_and_join(self) -> SeqLoadStats {
         self.stop();
         self.join()
-    }
-}
-
-impl Drop for SeqLoad {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::SeqCst);
-        for h in self.handles.drain(..) {
-            let _ = h.join();
-        }
     }
 }
 

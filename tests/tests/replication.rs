@@ -32,7 +32,8 @@ use tsoracle_tests::cluster::{
 };
 use tsoracle_tests::tso::{durable_high_water, status, tso_next, TsoStatus};
 use tsoracle_tests::{
-    expect_sqlstate, pg_error_string, physical, DenseHistory, History, Node, NodeOpts, StopMode,
+    expect_sqlstate, pg_error_string, physical, poll_until, wait_for, DenseHistory, History, Node,
+    NodeOpts, StopMode,
 };
 
 const KEYS: [&str; 3] = ["k0", "k1", "k2"];
@@ -610,32 +611,18 @@ fn sync_trap(label: &str, seq_share: f64) {
     let down = Instant::now();
 
     // The worker ends up waiting for the standby, and callers fail (timeouts).
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let wpid = loop {
-        if let Some((pid, Some(ev))) = worker_activity(&mut ctl).unwrap() {
-            if ev == "SyncRep" {
-                break pid;
+    let wpid =
+        poll_until("the worker waiting for the standby (SyncRep)", Duration::from_secs(30), || {
+            match worker_activity(&mut ctl).unwrap() {
+                Some((pid, Some(ev))) if ev == "SyncRep" => Some(pid),
+                _ => None,
             }
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the worker never waited for the standby (SyncRep) in 30 s"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
+        });
+    wait_for("calls failing with the standby down", Duration::from_secs(30), || {
         let ts_err = ts.calls().iter().filter(|c| !c.is_ok() && c.start >= down).count();
         let seq_err = dense.calls().iter().filter(|c| c.result.is_err() && c.start >= down).count();
-        if ts_err >= 1 && (seq_share == 0.0 || seq_err >= 1) {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "calls did not fail with the standby down: {ts_err} timestamp and {seq_err} sequence errors in 30 s"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+        ts_err >= 1 && (seq_share == 0.0 || seq_err >= 1)
+    });
     let st_blocked = status_of(&mut ctl);
 
     // A query cancel does not end the worker's wait.
@@ -660,20 +647,14 @@ fn sync_trap(label: &str, seq_share: f64) {
     let log_before = primary.log_contents().len();
     let ok: bool = ctl.query_one("SELECT pg_terminate_backend($1)", &[&wpid]).unwrap().get(0);
     assert!(ok, "pg_terminate_backend({wpid})");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let (new_pid, blocked_seen) = loop {
-        if let Some((pid, Some(ev))) = worker_activity(&mut ctl).unwrap() {
-            if pid != wpid && ev == "SyncRep" {
-                break (pid, Instant::now());
-            }
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no new worker waiting for the standby 30 s after the terminate: {}",
-            worker_row(&mut ctl)
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let (new_pid, blocked_seen) = poll_until(
+        "a new worker waiting for the standby after the terminate",
+        Duration::from_secs(30),
+        || match worker_activity(&mut ctl).unwrap() {
+            Some((pid, Some(ev))) if pid != wpid && ev == "SyncRep" => Some((pid, Instant::now())),
+            _ => None,
+        },
+    );
     // For 2 s: not serving, and what tso_status() says meanwhile.
     let mut blocked_states: Vec<String> = Vec::new();
     let until = Instant::now() + Duration::from_secs(2);

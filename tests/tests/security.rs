@@ -12,8 +12,8 @@ use postgres::error::SqlState;
 use postgres::{Client, NoTls};
 use tsoracle_tests::tso::{durable_high_water, status, tso_next, tso_seed};
 use tsoracle_tests::{
-    expect_sqlstate, now_ms, pg_error_string, physical, serving_node, wait_for, Node, NodeOpts,
-    StopMode,
+    expect_sqlstate, now_ms, pg_error_string, physical, poll_until, serving_node, wait_for, Node,
+    NodeOpts, StopMode,
 };
 
 /// The last millisecond a timestamp can be issued in (the allocator's `MAX_SQL_PHYSICAL_MS`).
@@ -324,14 +324,9 @@ fn active_backend(killer: &mut Client, app: &str) -> Option<i32> {
 fn leave_mid_call(killer: &mut Client, conninfo: &str, sql: &str, app: &str, way: usize) {
     let conninfo = format!("{conninfo} application_name={app}");
     let wait_active = |killer: &mut Client| {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            if let Some(pid) = active_backend(killer, app) {
-                return pid;
-            }
-            assert!(Instant::now() < deadline, "session {app} never started its call");
-            thread::sleep(Duration::from_millis(2));
-        }
+        poll_until(&format!("session {app} in its call"), Duration::from_secs(20), || {
+            active_backend(killer, app)
+        })
     };
     let pid = if way == 2 {
         let mut child = std::process::Command::new(tsoracle_tests::node::pg_bin_dir().join("psql"))
@@ -363,18 +358,13 @@ fn leave_mid_call(killer: &mut Client, conninfo: &str, sql: &str, app: &str, way
         drop(c);
         pid
     };
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
+    wait_for(&format!("backend {pid} of {app} out of its call"), Duration::from_secs(20), || {
         let busy: bool = killer
             .query_one("SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1 AND state = 'active')", &[&pid])
             .expect("pg_stat_activity")
             .get(0);
-        if !busy {
-            return;
-        }
-        assert!(Instant::now() < deadline, "backend {pid} of {app} never left its call");
-        thread::sleep(Duration::from_millis(5));
-    }
+        !busy
+    });
 }
 
 // ---------------------------------------------------------------------------------------- 4

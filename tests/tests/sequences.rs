@@ -17,8 +17,8 @@ use tsoracle_tests::seqlease::{
     SeqLoad, SeqLoadOptions, SeqLoadStats,
 };
 use tsoracle_tests::{
-    expect_sqlstate, pg_error_string, serving_node, DenseHistory, DenseReport, Node, NodeOpts,
-    StopMode,
+    expect_sqlstate, pg_error_string, serving_node, wait_for, DenseHistory, DenseReport, Node,
+    NodeOpts, StopMode,
 };
 
 // ============================================================================ helpers
@@ -73,18 +73,9 @@ fn check_history(
 /// Wait (bounded) until the load has made `n` more successful calls than `base`.
 #[track_caller]
 fn wait_ok_calls(history: &DenseHistory, since: Instant, n: usize, what: &str) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let done = history.calls().iter().filter(|c| c.result.is_ok() && c.start >= since).count();
-        if done >= n {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{what}: only {done} of {n} successful calls within 30 s"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_for(&format!("{what}: {n} successful calls"), Duration::from_secs(30), || {
+        history.calls().iter().filter(|c| c.result.is_ok() && c.start >= since).count() >= n
+    });
 }
 
 /// SQLSTATEs a call may get while the server is killed and restarted under it: the
@@ -106,20 +97,11 @@ fn worker_wait(c: &mut Client, pid: i32) -> Option<(Option<String>, Option<Strin
 /// Wait (bounded) until the worker waits on a heavyweight lock.
 #[track_caller]
 fn wait_worker_blocked(c: &mut Client, pid: i32) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let w = worker_wait(c, pid);
-        if let Some((Some(t), _)) = &w {
-            if t == "Lock" {
-                return;
-            }
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the worker (pid {pid}) never blocked on the lock: {w:?}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_for(
+        &format!("the worker (pid {pid}) blocked on the lock"),
+        Duration::from_secs(20),
+        || matches!(worker_wait(c, pid), Some((Some(t), _)) if t == "Lock"),
+    );
 }
 
 /// Wait (bounded) until backend `pid` sleeps in the extension (waiting for the worker).
@@ -171,15 +153,11 @@ fn assert_no_crash(node: &mut Node, pm: Option<i32>) {
 /// Wait (bounded) until the worker has committed counter `key` at `total`.
 #[track_caller]
 fn wait_for_total(c: &mut Client, key: &str, total: i64) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while totals(c).get(key) != Some(&total) {
-        assert!(
-            Instant::now() < deadline,
-            "counter {key} not at {total} 20 s after the lock was released: {:?}",
-            totals(c)
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_for(
+        &format!("counter {key} at {total} after the lock was released"),
+        Duration::from_secs(20),
+        || totals(c).get(key) == Some(&total),
+    );
 }
 
 /// One call, timed and recorded into `history` (error recorded with its count).
@@ -289,16 +267,11 @@ fn crash_under_load(name: &str, how: Crash) {
         }
     }
     // A fresh session may still see the old worker until the postmaster has noticed.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
+    wait_for(&format!("a new worker after {how:?}"), Duration::from_secs(60), || {
         node.wait_serving().unwrap_or_else(|e| panic!("not serving after {how:?}: {e}"));
         let st = counters(&mut node.connect());
-        if st.worker_pid.is_some() && st.worker_pid != before.worker_pid {
-            break;
-        }
-        assert!(Instant::now() < deadline, "worker pid still {:?} after 60 s", before.worker_pid);
-        std::thread::sleep(Duration::from_millis(50));
-    }
+        st.worker_pid.is_some() && st.worker_pid != before.worker_pid
+    });
     let up = Instant::now();
     wait_ok_calls(&history, up, 300, "after the restart");
     std::thread::sleep(Duration::from_millis(2_500).saturating_sub(up.elapsed()));

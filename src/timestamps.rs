@@ -1,4 +1,5 @@
-//! The SQL surface. Thin: validation and error mapping here, logic in `oracle`,
+//! The SQL surface of timestamps: `tso_next`, `tso_next_batch`, the conversions and `tso_seed`.
+//! Thin: validation and error mapping here, logic in `oracle`,
 //! `worker` and the pure core.
 
 use crate::error::{check_superuser, OrReport, TsoError};
