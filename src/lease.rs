@@ -146,7 +146,7 @@ fn safe_frontier() -> Result<i64, TsoError> {
 #[pg_schema]
 mod tests {
     use super::*;
-    use crate::testing::sqlstate_of;
+    use crate::testing::{can_execute, sqlstate_of};
     use pgrx::PgSqlErrorCode::*;
 
     #[pg_test]
@@ -269,22 +269,15 @@ mod tests {
     #[pg_test]
     fn leases_are_a_privilege() {
         Spi::run("CREATE ROLE tso_no_lease NOLOGIN; CREATE ROLE tso_lessee NOLOGIN IN ROLE tsoracle_lease_holder").unwrap();
-        let can = |role: &str, f: &str| {
-            Spi::get_one::<bool>(&format!(
-                "SELECT has_function_privilege('{role}', '{f}', 'EXECUTE')"
-            ))
-            .unwrap()
-            .unwrap()
-        };
         for f in [
             "tso_lease_acquire(text, bigint, integer)",
             "tso_lease_renew(bigint)",
             "tso_lease_release(bigint)",
         ] {
-            assert!(!can("tso_no_lease", f), "PUBLIC must not execute {f}");
-            assert!(can("tso_lessee", f), "tsoracle_lease_holder executes {f}");
+            assert!(!can_execute("tso_no_lease", f), "PUBLIC must not execute {f}");
+            assert!(can_execute("tso_lessee", f), "tsoracle_lease_holder executes {f}");
         }
-        assert!(can("tso_no_lease", "tso_safe_frontier()"));
+        assert!(can_execute("tso_no_lease", "tso_safe_frontier()"));
         for privilege in ["SELECT", "INSERT", "UPDATE", "DELETE"] {
             let granted = Spi::get_one::<bool>(&format!(
                 "SELECT has_table_privilege('tso_lessee', 'tsoracle.lease', '{privilege}')"

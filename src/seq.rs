@@ -156,7 +156,7 @@ fn drop_key(key: Option<&str>) -> Result<bool, TsoError> {
 #[pg_schema]
 mod tests {
     use super::*;
-    use crate::testing::sqlstate_of;
+    use crate::testing::{can_execute, sqlstate_of};
     use pgrx::PgSqlErrorCode::*;
 
     #[pg_test]
@@ -208,21 +208,14 @@ mod tests {
     #[pg_test]
     fn sequences_are_a_privilege() {
         Spi::run("CREATE ROLE tso_no_seq NOLOGIN; CREATE ROLE tso_seq_role NOLOGIN IN ROLE tsoracle_seq_user").unwrap();
-        let can = |role: &str, f: &str| {
-            Spi::get_one::<bool>(&format!(
-                "SELECT has_function_privilege('{role}', '{f}', 'EXECUTE')"
-            ))
-            .unwrap()
-            .unwrap()
-        };
         for f in [
             "tso_seq(text, integer)",
             "tso_seq_batch(text[], integer[])",
             "tso_seq_peek(text)",
             "tso_seq_drop(text)",
         ] {
-            assert!(!can("tso_no_seq", f), "PUBLIC must not execute {f}");
-            assert!(can("tso_seq_role", f), "tsoracle_seq_user executes {f}");
+            assert!(!can_execute("tso_no_seq", f), "PUBLIC must not execute {f}");
+            assert!(can_execute("tso_seq_role", f), "tsoracle_seq_user executes {f}");
         }
         tso_seq(Some("owned"), Some(1));
         let owner = Spi::get_one::<bool>(

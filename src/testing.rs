@@ -19,3 +19,10 @@ pub fn sqlstate_of<R>(f: impl FnOnce() -> R + std::panic::UnwindSafe) -> PgSqlEr
     .execute()
     .expect("the call succeeded but an error was expected")
 }
+
+/// Whether `role` may execute function `f` (a `regprocedure` text such as `tso_seq(text, integer)`).
+pub fn can_execute(role: &str, f: &str) -> bool {
+    Spi::get_one::<bool>(&format!("SELECT has_function_privilege('{role}', '{f}', 'EXECUTE')"))
+        .expect("has_function_privilege")
+        .expect("a boolean")
+}

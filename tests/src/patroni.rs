@@ -75,7 +75,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -328,23 +328,7 @@ tags:
 
 /// uid and gid of the OS user that runs the servers (`TSORACLE_PG_USER`, default `postgres`).
 fn os_user() -> Result<(u32, u32)> {
-    static USER: OnceLock<std::result::Result<(u32, u32), String>> = OnceLock::new();
-    USER.get_or_init(|| {
-        let name = std::env::var("TSORACLE_PG_USER").unwrap_or_else(|_| "postgres".into());
-        let passwd =
-            fs::read_to_string("/etc/passwd").map_err(|e| format!("read /etc/passwd: {e}"))?;
-        for line in passwd.lines() {
-            let f: Vec<&str> = line.split(':').collect();
-            if f.len() >= 4 && f[0] == name {
-                let uid = f[2].parse().map_err(|e| format!("uid of {name}: {e}"))?;
-                let gid = f[3].parse().map_err(|e| format!("gid of {name}: {e}"))?;
-                return Ok((uid, gid));
-            }
-        }
-        Err(format!("no OS user {name:?} (install postgresql-15, which creates it)"))
-    })
-    .clone()
-    .map_err(HarnessError::Other)
+    crate::node::pg_user()
 }
 
 fn chown(path: &Path) -> Result<()> {

@@ -334,3 +334,39 @@ fn seq_worker(
     }
     stats
 }
+
+/// A row of `tsoracle.lease`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeaseRow {
+    pub id: i64,
+    pub holder: String,
+    pub holder_epoch: i64,
+    pub bound: i64,
+    pub expires: i64,
+    pub ttl: i64,
+    pub superseded: bool,
+}
+
+/// Every row of `tsoracle.lease`, by lease id.
+#[track_caller]
+pub fn lease_rows(c: &mut Client) -> BTreeMap<i64, LeaseRow> {
+    c.query(
+        "SELECT lease_id, holder, holder_epoch, ts_upper_bound_ms, expires_at_ms, ttl_ms, superseded FROM tsoracle.lease",
+        &[],
+    )
+    .unwrap_or_else(|e| panic!("SELECT FROM tsoracle.lease: {}", pg_error_string(&e)))
+    .into_iter()
+    .map(|r| {
+        let row = LeaseRow {
+            id: r.get(0),
+            holder: r.get(1),
+            holder_epoch: r.get(2),
+            bound: r.get(3),
+            expires: r.get(4),
+            ttl: r.get(5),
+            superseded: r.get(6),
+        };
+        (row.id, row)
+    })
+    .collect()
+}

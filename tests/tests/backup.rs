@@ -38,7 +38,7 @@ use tsoracle_tests::cluster::{
     make_sync, wait_replayed, MixedLoad, MixedLoadOptions, PrimaryPointer,
 };
 use tsoracle_tests::node::CONNECT_TIMEOUT;
-use tsoracle_tests::seqlease::{peek, seq, seq_totals};
+use tsoracle_tests::seqlease::{lease_rows, peek, seq, seq_totals, LeaseRow};
 use tsoracle_tests::tso::{self, durable_high_water, status, tso_next, tso_seed, TsoStatus};
 use tsoracle_tests::{
     expect_sqlstate, now_ms, ops, pg_error_string, physical, DenseHistory, Endpoint, History, Load,
@@ -54,41 +54,6 @@ const SOURCE_KEYS: [(&str, i32, i32); 2] = [("orders", 100, 3), ("invoices", 7, 
 const LOAD_KEYS: [&str; 3] = ["k0", "k1", "k2"];
 
 // ============================================================================ helpers
-
-/// A row of `tsoracle.lease`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-struct LeaseRow {
-    id: i64,
-    holder: String,
-    holder_epoch: i64,
-    bound: i64,
-    expires: i64,
-    ttl: i64,
-    superseded: bool,
-}
-
-#[track_caller]
-fn lease_rows(c: &mut Client) -> BTreeMap<i64, LeaseRow> {
-    c.query(
-        "SELECT lease_id, holder, holder_epoch, ts_upper_bound_ms, expires_at_ms, ttl_ms, superseded FROM tsoracle.lease",
-        &[],
-    )
-    .unwrap_or_else(|e| panic!("SELECT FROM tsoracle.lease: {}", pg_error_string(&e)))
-    .into_iter()
-    .map(|r| {
-        let row = LeaseRow {
-            id: r.get(0),
-            holder: r.get(1),
-            holder_epoch: r.get(2),
-            bound: r.get(3),
-            expires: r.get(4),
-            ttl: r.get(5),
-            superseded: r.get(6),
-        };
-        (row.id, row)
-    })
-    .collect()
-}
 
 /// The durable state a dump carries: high-water, counters, leases.
 #[derive(Clone, Debug, PartialEq, Eq)]

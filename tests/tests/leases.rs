@@ -14,7 +14,9 @@ use std::time::{Duration, Instant};
 
 use postgres::error::SqlState;
 use postgres::Client;
-use tsoracle_tests::seqlease::{alter_system, queue_counters, sqlstate_of, QueueCounters};
+use tsoracle_tests::seqlease::{
+    alter_system, lease_rows, queue_counters, sqlstate_of, LeaseRow, QueueCounters,
+};
 use tsoracle_tests::tso::{durable_high_water, tso_next};
 use tsoracle_tests::{
     expect_sqlstate, now_ms, ops, pg_error_string, physical, serving_node, wait_for, History, Load,
@@ -97,45 +99,10 @@ fn status_high_water(c: &mut Client) -> i64 {
     c.query_one("SELECT high_water_ms FROM tso_status()", &[]).unwrap().get(0)
 }
 
-/// A row of `tsoracle.lease`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-struct Row {
-    id: i64,
-    holder: String,
-    holder_epoch: i64,
-    bound: i64,
-    expires: i64,
-    ttl: i64,
-    superseded: bool,
-}
-
-#[track_caller]
-fn lease_rows(c: &mut Client) -> BTreeMap<i64, Row> {
-    c.query(
-        "SELECT lease_id, holder, holder_epoch, ts_upper_bound_ms, expires_at_ms, ttl_ms, superseded FROM tsoracle.lease",
-        &[],
-    )
-    .unwrap_or_else(|e| panic!("SELECT FROM tsoracle.lease: {}", pg_error_string(&e)))
-    .into_iter()
-    .map(|r| {
-        let row = Row {
-            id: r.get(0),
-            holder: r.get(1),
-            holder_epoch: r.get(2),
-            bound: r.get(3),
-            expires: r.get(4),
-            ttl: r.get(5),
-            superseded: r.get(6),
-        };
-        (row.id, row)
-    })
-    .collect()
-}
-
 /// The row of lease `g` must be there with its bound and expiry.
 #[track_caller]
 fn assert_row(
-    rows: &BTreeMap<i64, Row>,
+    rows: &BTreeMap<i64, LeaseRow>,
     g: &Grant,
     holder: &str,
     holder_epoch: i64,
