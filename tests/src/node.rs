@@ -1025,14 +1025,14 @@ fn kill_tree(pid: i32) -> Vec<i32> {
     kids
 }
 
-fn is_gone(pid: i32) -> bool {
+pub(crate) fn is_gone(pid: i32) -> bool {
     match proc_stat(pid) {
         None => true,
         Some((state, _)) => state == 'Z' || state == 'X',
     }
 }
 
-fn wait_gone(pids: &[i32], timeout: Duration) -> Result<()> {
+pub(crate) fn wait_gone(pids: &[i32], timeout: Duration) -> Result<()> {
     let deadline = Instant::now() + timeout;
     loop {
         let alive: Vec<i32> = pids.iter().copied().filter(|&p| !is_gone(p)).collect();

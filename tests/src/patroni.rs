@@ -84,6 +84,7 @@ use postgres::{Client, NoTls};
 
 use crate::error::{pg_error_string, HarnessError};
 use crate::history::{DenseHistory, History};
+use crate::node::{is_gone, wait_gone};
 use crate::node::{pg_bin_dir, pick_port};
 use crate::rng::SplitMix64;
 use crate::tso::{self, physical, TsoStatus};
@@ -477,16 +478,6 @@ fn with_descendants(roots: &[i32]) -> Vec<i32> {
     out
 }
 
-fn is_gone(pid: i32) -> bool {
-    match fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Err(_) => true,
-        Ok(stat) => stat
-            .rfind(')')
-            .and_then(|i| stat[i + 1..].split_whitespace().next())
-            .is_some_and(|s| s == "Z" || s == "X"),
-    }
-}
-
 fn signal(pids: &[i32], sig: i32) {
     for &p in pids {
         if p > 1 {
@@ -495,22 +486,6 @@ fn signal(pids: &[i32], sig: i32) {
                 libc::kill(p, sig);
             }
         }
-    }
-}
-
-fn wait_gone(pids: &[i32], timeout: Duration) -> Result<()> {
-    let deadline = Instant::now() + timeout;
-    loop {
-        let alive: Vec<i32> = pids.iter().copied().filter(|&p| !is_gone(p)).collect();
-        if alive.is_empty() {
-            return Ok(());
-        }
-        if Instant::now() > deadline {
-            return Err(HarnessError::Timeout(format!(
-                "processes still alive after SIGKILL: {alive:?}"
-            )));
-        }
-        std::thread::sleep(Duration::from_millis(10));
     }
 }
 
