@@ -2,8 +2,10 @@
 PG_CONFIG ?= /usr/lib/postgresql/15/bin/pg_config
 PGRX_TEST_PGDATA ?= /tmp/tsoracle-pgrx-test
 TEST_THREADS ?= 2
+TEST_PG_ROOT ?= $(CURDIR)/target/pg15-test
+TEST_PGRX_HOME ?= $(CURDIR)/target/pgrx-home
 
-.PHONY: run stop test test-core test-pg test-integration install deps bench clean fmt lint
+.PHONY: run stop test test-core test-pg test-pg-install test-integration install deps bench clean fmt lint
 
 ## Build, install, start a local cluster with tsoracle preloaded, and show it working.
 run: install
@@ -26,13 +28,20 @@ install: deps
 test-core:
 	cargo test -p tsoracle-core
 
-test-pg: deps
-	rm -rf $(PGRX_TEST_PGDATA) && install -d -o postgres -g postgres $(PGRX_TEST_PGDATA)
-	cargo pgrx test pg15 --runas postgres --pgdata $(PGRX_TEST_PGDATA)
+# Every test runs against a private copy of the PostgreSQL installation (scripts/test-pg.sh):
+# nothing a test builds is ever written where a user's server loads its library from.
+test-pg-install: deps
+	scripts/test-pg.sh $(TEST_PG_ROOT) $(TEST_PGRX_HOME)
 
-# The integration tests load the installed extension into clusters they start themselves.
-test-integration: install
-	cargo test -p tsoracle-tests -- --test-threads=$(TEST_THREADS)
+test-pg: test-pg-install
+	rm -rf $(PGRX_TEST_PGDATA) && install -d -o postgres -g postgres $(PGRX_TEST_PGDATA)
+	PGRX_HOME=$(TEST_PGRX_HOME) cargo pgrx test pg15 --runas postgres --pgdata $(PGRX_TEST_PGDATA)
+
+# The integration tests load the extension installed in the private copy, into clusters
+# they start themselves from its binaries.
+test-integration: test-pg-install
+	scripts/install-ext.sh $(TEST_PG_ROOT)/usr/lib/postgresql/15/bin/pg_config
+	TSORACLE_PG_BIN=$(TEST_PG_ROOT)/usr/lib/postgresql/15/bin cargo test -p tsoracle-tests -- --test-threads=$(TEST_THREADS)
 
 bench: install
 	scripts/bench.sh

@@ -212,6 +212,8 @@ pub struct MemberConfig {
     pub data_dir: String,
     /// Directory of the Unix socket (Patroni's own connections) and of the pgpass file.
     pub run_dir: String,
+    /// The PostgreSQL server binaries.
+    pub bin_dir: String,
 }
 
 fn yaml_scalar(v: &str) -> String {
@@ -320,7 +322,7 @@ tags:
         strict = opts.synchronous_mode_strict,
         pg = m.pg_port,
         data_dir = m.data_dir,
-        bin_dir = pg_bin_dir().display(),
+        bin_dir = m.bin_dir,
         run_dir = m.run_dir,
     )
 }
@@ -903,6 +905,7 @@ impl PatroniCluster {
             etcd: format!("127.0.0.1:{}", self.etcd_port),
             data_dir: m.data_dir.to_string_lossy().into_owned(),
             run_dir: m.dir.to_string_lossy().into_owned(),
+            bin_dir: pg_bin_dir().to_string_lossy().into_owned(),
         }
     }
 

@@ -674,6 +674,7 @@ fn readme_shows_the_tested_configuration() {
         etcd: "127.0.0.1:2379".into(),
         data_dir: "/var/lib/postgresql/15/pg1".into(),
         run_dir: "/var/run/postgresql".into(),
+        bin_dir: "/usr/lib/postgresql/15/bin".into(),
     };
     let yaml = render_config(&member, &PatroniOpts::default());
     let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md"))
