@@ -2,7 +2,10 @@
 PG_CONFIG ?= /usr/lib/postgresql/15/bin/pg_config
 PGRX_TEST_PGDATA ?= /tmp/tsoracle-pgrx-test
 TEST_THREADS ?= 2
-TEST_PG_ROOT ?= $(CURDIR)/target/pg15-test
+# In /tmp (like the clusters the tests start), not in the work tree: the postgres OS user runs
+# the binaries from there, whatever the permissions of the directories above the work tree.
+# One copy per work tree.
+TEST_PG_ROOT ?= /tmp/tsoracle-pg15-test-$(shell printf %s "$(CURDIR)" | md5sum | cut -c1-8)
 TEST_PGRX_HOME ?= $(CURDIR)/target/pgrx-home
 
 .PHONY: run stop test test-core test-pg test-pg-install test-integration install deps bench clean fmt lint
