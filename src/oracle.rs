@@ -95,12 +95,13 @@ pub fn next(count: i64) -> Result<u64, TsoError> {
         Some(first) => Ok(first),
         None => Err(match last_block {
             Blocked::NotServing(phase) => not_serving(signals, phase),
-            Blocked::Exhausted => match ORACLE.share().refusal() {
-                Some(why) => TsoError::NotServing(why),
-                None if ORACLE.share().phase != Phase::Serving => {
-                    not_serving(signals, ORACLE.share().phase)
-                }
-                None => TsoError::WorkerTimeout {
+            Blocked::Exhausted => match {
+                let st = ORACLE.share();
+                (st.refusal(), st.phase)
+            } {
+                (Some(why), _) => TsoError::NotServing(why),
+                (None, phase) if phase != Phase::Serving => not_serving(signals, phase),
+                (None, _) => TsoError::WorkerTimeout {
                     waited_ms: guc::extension_timeout_ms(),
                     what: "extend the timestamp window",
                 },

@@ -197,8 +197,8 @@ impl Allocator {
         if !self.serving {
             return false;
         }
-        let lowest_ms = now_ms.max(self.floor_ms).max(physical_ms(self.next_ts));
-        self.serving_bound_ms(now_ms, max_lead_ms).saturating_sub(lowest_ms) < window_ahead_ms / 2
+        self.serving_bound_ms(now_ms, max_lead_ms).saturating_sub(self.lowest_ms(now_ms))
+            < window_ahead_ms / 2
     }
 
     /// Apply the durable value the store returned. A result for another epoch (or when not
@@ -223,8 +223,13 @@ impl Allocator {
         if !self.serving {
             return 0;
         }
-        let lowest_ms = now_ms.max(self.floor_ms).max(physical_ms(self.next_ts));
-        self.high_water_ms.saturating_sub(lowest_ms)
+        self.high_water_ms.saturating_sub(self.lowest_ms(now_ms))
+    }
+
+    /// The lowest physical_ms the next grant could use: now, the floor, or the last issued
+    /// one, whichever is highest.
+    fn lowest_ms(&self, now_ms: u64) -> u64 {
+        now_ms.max(self.floor_ms).max(physical_ms(self.next_ts))
     }
 
     pub fn epoch(&self) -> Option<u64> {

@@ -64,12 +64,6 @@ impl<R: Copy + Default, P: Copy + Default> Default for Entry<R, P> {
     }
 }
 
-impl<R: Copy, P: Copy> Entry<R, P> {
-    pub fn requests(&self) -> &[R] {
-        &self.requests[..self.len]
-    }
-}
-
 /// Counters kept beside the entries.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[repr(C)]

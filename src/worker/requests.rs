@@ -29,13 +29,12 @@ impl Worker {
                 requests.iter().map(move |r| (*ticket, Request { batch: ticket.generation, ..*r }))
             })
             .collect();
+        // The group's commit starts now: the confirmation it earns dates from here.
         let now = now_ms();
-        let commit_started_ms = now;
-        let (window, epoch) = {
+        let (window, epoch, ascii_only) = {
             let st = ORACLE.share();
-            (st.allocator.high_water_ms(), st.allocator.epoch().unwrap_or(0))
+            (st.allocator.high_water_ms(), st.allocator.epoch().unwrap_or(0), st.ascii_names_only)
         };
-        let ascii_only = ORACLE.share().ascii_names_only;
         let mut leases = self.leases.clone();
         let requests = taken.clone();
         let mut statements = self.seq_statements.take();
@@ -62,8 +61,7 @@ impl Worker {
         self.seq_statements = statements;
         crate::replica::confirm_replicated();
         if refused.is_none() {
-            self.signals
-                .confirm_until(commit_started_ms.saturating_add(crate::guc::window_ahead_ms()));
+            self.signals.confirm_until(now.saturating_add(crate::guc::window_ahead_ms()));
         }
         self.leases = leases;
         self.publish_lease_bounds();

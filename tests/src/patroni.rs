@@ -84,7 +84,7 @@ use postgres::{Client, NoTls};
 
 use crate::error::{pg_error_string, HarnessError};
 use crate::history::{DenseHistory, History};
-use crate::node::{is_gone, wait_gone};
+use crate::node::{is_gone, run_cmd, wait_gone};
 use crate::node::{pg_bin_dir, pick_port};
 use crate::rng::SplitMix64;
 use crate::tso::{self, physical, TsoStatus};
@@ -385,51 +385,6 @@ fn open_log(path: &Path) -> Result<(Stdio, Stdio)> {
     chown(path)?;
     let f2 = f.try_clone().map_err(|e| HarnessError::io("dup log fd", e))?;
     Ok((Stdio::from(f), Stdio::from(f2)))
-}
-
-/// Run a command to completion (bounded); Ok(stdout) when it exits 0.
-fn run_bounded(mut cmd: Command, timeout: Duration) -> Result<String> {
-    let desc = format!("{cmd:?}");
-    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
-    let mut child = cmd.spawn().map_err(|e| HarnessError::io(format!("spawn {desc}"), e))?;
-    let mut out = child.stdout.take().expect("piped stdout");
-    let mut err = child.stderr.take().expect("piped stderr");
-    let t_out = std::thread::spawn(move || {
-        let mut v = Vec::new();
-        let _ = out.read_to_end(&mut v);
-        v
-    });
-    let t_err = std::thread::spawn(move || {
-        let mut v = Vec::new();
-        let _ = err.read_to_end(&mut v);
-        v
-    });
-    let deadline = Instant::now() + timeout;
-    let status = loop {
-        match child.try_wait() {
-            Ok(Some(s)) => break s,
-            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
-            Ok(None) => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(HarnessError::Timeout(format!(
-                    "{desc} still running after {timeout:?}"
-                )));
-            }
-            Err(e) => return Err(HarnessError::io(format!("wait {desc}"), e)),
-        }
-    };
-    let stdout = String::from_utf8_lossy(&t_out.join().unwrap_or_default()).into_owned();
-    let stderr = String::from_utf8_lossy(&t_err.join().unwrap_or_default()).into_owned();
-    if status.success() {
-        Ok(stdout)
-    } else {
-        Err(HarnessError::Command {
-            cmd: desc,
-            status: status.to_string(),
-            output: format!("{stdout}{stderr}"),
-        })
-    }
 }
 
 /// (pid, ppid, state) of every process, from /proc/*/stat.
@@ -1204,7 +1159,7 @@ impl PatroniCluster {
             &self.members[to].name,
             "--force",
         ]);
-        let out = run_bounded(cmd, Duration::from_secs(120))?;
+        let out = run_cmd(cmd, Duration::from_secs(120))?;
         if out.contains("failed") || out.contains("Error") {
             return Err(HarnessError::Other(format!("patronictl switchover: {out}")));
         }
@@ -1216,7 +1171,7 @@ impl PatroniCluster {
         let m = &self.members[0];
         match server_command("patronictl", &m.dir, false).and_then(|mut cmd| {
             cmd.arg("-c").arg(&m.config_path).arg("list");
-            run_bounded(cmd, Duration::from_secs(30))
+            run_cmd(cmd, Duration::from_secs(30))
         }) {
             Ok(s) => s,
             Err(e) => format!("patronictl list failed: {e}"),
