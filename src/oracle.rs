@@ -95,10 +95,7 @@ pub fn next(count: i64) -> Result<u64, TsoError> {
         Some(first) => Ok(first),
         None => Err(match last_block {
             Blocked::NotServing(phase) => not_serving(signals, phase),
-            Blocked::Exhausted => match {
-                let st = ORACLE.share();
-                (st.refusal(), st.phase)
-            } {
+            Blocked::Exhausted => match refusal_and_phase() {
                 (Some(why), _) => TsoError::NotServing(why),
                 (None, phase) if phase != Phase::Serving => not_serving(signals, phase),
                 (None, _) => TsoError::WorkerTimeout {
@@ -108,6 +105,12 @@ pub fn next(count: i64) -> Result<u64, TsoError> {
             },
         }),
     }
+}
+
+/// Why the worker refuses (if it does) and its phase, in one read.
+fn refusal_and_phase() -> (Option<String>, Phase) {
+    let st = ORACLE.share();
+    (st.refusal(), st.phase)
 }
 
 fn poke(signals: &Signals, blocked: &Blocked) {
