@@ -10,6 +10,7 @@
 use pgrx::prelude::*;
 
 mod clock;
+mod compat;
 mod error;
 mod guc;
 mod lease;

@@ -393,8 +393,7 @@ pub static QUEUE: SharedQueue = SharedQueue::new(c"tsoracle_queue");
 
 /// This backend's entry in the request queue: its PGPROC number.
 pub fn my_queue_index() -> usize {
-    // SAFETY: MyProc is set for every backend that can run SQL.
-    usize::try_from(unsafe { (*pg_sys::MyProc).pgprocno }).unwrap_or(usize::MAX)
+    usize::try_from(crate::compat::my_proc_number()).unwrap_or(usize::MAX)
 }
 
 /// Most live leases (active or superseded) at once.
@@ -490,8 +489,7 @@ unsafe impl PGRXSharedMemory for Signals {}
 impl Signals {
     /// Count `count` timestamps issued by this backend.
     pub fn count_issued(&self, count: u32) {
-        // SAFETY: MyProc is set for every backend that can run SQL.
-        let slot = unsafe { (*pg_sys::MyProc).pgprocno }.unsigned_abs() as usize % ISSUED_SLOTS;
+        let slot = crate::compat::my_proc_number().unsigned_abs() as usize % ISSUED_SLOTS;
         self.issued[slot].fetch_add(u64::from(count), Ordering::Relaxed);
     }
 

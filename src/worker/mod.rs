@@ -96,7 +96,7 @@ pub extern "C-unwind" fn tsoracle_worker_main(_arg: pg_sys::Datum) {
         // SIGTERM is PostgreSQL's own `die`: it ends a synchronous-replication wait (so a
         // shutdown never hangs on a missing standby), and `confirm_replicated` then refuses
         // to serve from that commit.
-        pg_sys::pqsignal(libc::SIGTERM, Some(die));
+        crate::compat::set_signal(libc::SIGTERM, Some(die));
         // A query cancel ends such a wait too, and leaves no trace afterwards: ignore it.
         libc::signal(libc::SIGINT, libc::SIG_IGN);
     }
