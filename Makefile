@@ -1,53 +1,103 @@
 # tsoracle — see README.md.
-PG_CONFIG ?= /usr/lib/postgresql/15/bin/pg_config
+#
+# PG_MAJOR selects the PostgreSQL major for `run`, `stop`, `install` and `bench` (default 15,
+# Debian's); every supported major is listed in scripts/postgresql-versions, and
+# scripts/pg-install.sh fetches the ones Debian does not have. `test` proves them all.
+PG_MAJOR ?= 15
+PG_MAJORS := 15 16 17 18
+# What `make test` runs on every major: the #[pg_test]s and these integration suites ...
+TEST_MAJORS ?= $(PG_MAJORS)
+QUICK_SUITES := foundation harness leases sequences security
+# ... and on the oldest and the newest, also the crash, failover and backup suites.
+FULL_MAJORS ?= 15 18
+FULL_SUITES := $(QUICK_SUITES) replication backup patroni
+# pg_upgrade from upstream 15 (scripts/postgresql-versions says why not Debian's) to 18.
+UPGRADE_FROM ?= 15-upstream
+UPGRADE_TO ?= 18
 PGRX_TEST_PGDATA ?= /tmp/tsoracle-pgrx-test
 TEST_THREADS ?= 2
 # In /tmp (like the clusters the tests start), not in the work tree: the postgres OS user runs
 # the binaries from there, whatever the permissions of the directories above the work tree.
-# One copy per work tree.
-TEST_PG_ROOT ?= /tmp/tsoracle-pg15-test-$(shell printf %s "$(CURDIR)" | md5sum | cut -c1-8)
+# One copy per work tree and major: $(TEST_PG_ROOT)/pgNN.
+TEST_PG_ROOT ?= /tmp/tsoracle-test-$(shell printf %s "$(CURDIR)" | md5sum | cut -c1-8)
 TEST_PGRX_HOME ?= $(CURDIR)/target/pgrx-home
 
-.PHONY: run stop test test-core test-pg test-pg-install test-integration install deps bench clean fmt lint
+.PHONY: run stop test test-core test-pg test-integration test-upgrade test-install test-package \
+	test-snapshot test-untouched install deps \
+	bench clean fmt lint package
 
 ## Build, install, start a local cluster with tsoracle preloaded, and show it working.
 run: install
-	scripts/run.sh
+	PG_MAJOR=$(PG_MAJOR) scripts/run.sh
 
 stop:
-	@if [ -s .run/pgdata/PG_VERSION ]; then runuser -u postgres -- /usr/lib/postgresql/15/bin/pg_ctl -D .run/pgdata -m fast -w stop || true; fi
+	PG_MAJOR=$(PG_MAJOR) scripts/run.sh stop
 
-## Every test: formatting and clippy, the pure core, the #[pg_test]s inside PostgreSQL, the
-## integration tests.
-test: deps lint test-core test-pg test-integration
+## Every test: formatting and clippy, the pure core, the #[pg_test]s inside PostgreSQL and the
+## integration tests on every supported major, pg_upgrade, the Debian package.
+## Before and after, scripts/untouched.sh checks that the tests wrote nothing into the
+## installations servers run from and left `make run`'s demo servers running.
+test: test-snapshot deps lint test-core test-pg test-integration test-upgrade test-install \
+	test-package test-untouched
+
+test-snapshot:
+	mkdir -p target && scripts/untouched.sh snapshot target/untouched.before
+test-untouched:
+	scripts/untouched.sh check target/untouched.before
 
 deps:
 	scripts/install-deps.sh
 
 # Built as a package, then renamed into place file by file: safe under a running server.
 install: deps
-	scripts/install-ext.sh $(PG_CONFIG)
+	scripts/install-ext.sh "$$(scripts/pg-install.sh $(PG_MAJOR))/pg_config"
 
 test-core:
 	cargo test -p tsoracle-core
 
 # Every test runs against a private copy of the PostgreSQL installation (scripts/test-pg.sh):
 # nothing a test builds is ever written where a user's server loads its library from.
-test-pg-install: deps
-	scripts/test-pg.sh $(TEST_PG_ROOT) $(TEST_PGRX_HOME)
-
-test-pg: test-pg-install
-	rm -rf $(PGRX_TEST_PGDATA) && install -d -o postgres -g postgres $(PGRX_TEST_PGDATA)
-	PGRX_HOME=$(TEST_PGRX_HOME) cargo pgrx test pg15 --runas postgres --pgdata $(PGRX_TEST_PGDATA)
+test-pg: $(addprefix test-pg-,$(TEST_MAJORS))
+test-pg-%: deps
+	scripts/test-pg.sh $* $(TEST_PG_ROOT)/pg$* $(TEST_PGRX_HOME)/pg$* >/dev/null
+	rm -rf $(PGRX_TEST_PGDATA)-$* && install -d -o postgres -g postgres $(PGRX_TEST_PGDATA)-$*
+	PGRX_HOME=$(TEST_PGRX_HOME)/pg$* cargo pgrx test pg$* --runas postgres --pgdata $(PGRX_TEST_PGDATA)-$*
 
 # The integration tests load the extension installed in the private copy, into clusters
 # they start themselves from its binaries.
-test-integration: test-pg-install
-	scripts/install-ext.sh $(TEST_PG_ROOT)/usr/lib/postgresql/15/bin/pg_config
-	TSORACLE_PG_BIN=$(TEST_PG_ROOT)/usr/lib/postgresql/15/bin cargo test -p tsoracle-tests -- --test-threads=$(TEST_THREADS)
+test-integration: $(addprefix test-integration-,$(TEST_MAJORS))
+test-integration-%: deps
+	bin=$$(scripts/test-pg.sh $* $(TEST_PG_ROOT)/pg$* $(TEST_PGRX_HOME)/pg$*) && \
+	scripts/install-ext.sh "$$(scripts/pg-install.sh $*)/pg_config" "$$bin/pg_config" && \
+	TSORACLE_PG_BIN="$$bin" cargo test -p tsoracle-tests \
+		$(addprefix --test ,$(if $(filter $*,$(FULL_MAJORS)),$(FULL_SUITES),$(QUICK_SUITES))) \
+		-- --test-threads=$(TEST_THREADS)
+
+# pg_upgrade from the oldest to the newest supported major (tests/tests/upgrade.rs).
+test-upgrade: deps
+	old=$$(scripts/test-pg.sh $(UPGRADE_FROM) $(TEST_PG_ROOT)/pg$(UPGRADE_FROM) $(TEST_PGRX_HOME)/pg$(UPGRADE_FROM)) && \
+	new=$$(scripts/test-pg.sh $(UPGRADE_TO) $(TEST_PG_ROOT)/pg$(UPGRADE_TO) $(TEST_PGRX_HOME)/pg$(UPGRADE_TO)) && \
+	CARGO_TARGET_DIR=target/$(UPGRADE_FROM) scripts/install-ext.sh "$$(scripts/pg-install.sh $(UPGRADE_FROM))/pg_config" "$$old/pg_config" && \
+	scripts/install-ext.sh "$$(scripts/pg-install.sh $(UPGRADE_TO))/pg_config" "$$new/pg_config" && \
+	TSORACLE_UPGRADE_FROM_BIN="$$old" TSORACLE_PG_BIN="$$new" cargo test -p tsoracle-tests --test upgrade
+
+# Installing a different build under load (tests/tests/install.rs), on PG_MAJOR.
+test-install: deps
+	sys=$$(scripts/pg-install.sh $(PG_MAJOR)) && \
+	bin=$$(scripts/test-pg.sh $(PG_MAJOR) $(TEST_PG_ROOT)/pg$(PG_MAJOR) $(TEST_PGRX_HOME)/pg$(PG_MAJOR)) && \
+	scripts/install-ext.sh "$$sys/pg_config" "$$bin/pg_config" && \
+	TSORACLE_BUILD_PG_CONFIG="$$sys/pg_config" TSORACLE_PG_BIN="$$bin" cargo test -p tsoracle-tests --test install
+
+## Debian packages, one per supported major, in target/packages (scripts/package-deb.sh).
+package: deps
+	for m in $(PG_MAJORS); do scripts/package-deb.sh $$m target/packages || exit 1; done
+
+# The PostgreSQL 15 package installed with dpkg on this machine, the others' file lists.
+test-package: package
+	scripts/test-package.sh target/packages $(PG_MAJORS)
 
 bench: install
-	scripts/bench.sh
+	BENCH_PG_BIN="$$(scripts/pg-install.sh $(PG_MAJOR))" scripts/bench.sh
 
 clean:
 	cargo clean
@@ -57,8 +107,10 @@ fmt:
 	cargo fmt --all
 
 ## Formatting check, then clippy with warnings as errors on every crate and all its targets
-## (lint levels in Cargo.toml's [workspace.lints]). The extension needs pgrx initialised (deps).
+## (lint levels in Cargo.toml's [workspace.lints]), the extension for the oldest and the newest
+## major (src/compat.rs holds what differs between them). The extension needs pgrx (deps).
 lint: deps
 	cargo fmt --all -- --check
 	cargo clippy -p tsoracle-core -p tsoracle-tests --all-targets -- -D warnings
-	cargo clippy -p tsoracle --all-targets --features pg15 -- -D warnings
+	cargo clippy -p tsoracle --all-targets --no-default-features --features pg15 -- -D warnings
+	cargo clippy -p tsoracle --all-targets --no-default-features --features pg18 -- -D warnings

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Install everything tsoracle needs to build and test, idempotently, on a Debian machine
-# (run as root): PostgreSQL 15 with its server headers, clang for bindgen, sudo for
-# `cargo pgrx test --runas`, Patroni and etcd (server and etcdctl) for the high-availability
-# tests, and cargo-pgrx 0.18.0 initialised against the system server.
+# (run as root): PostgreSQL 15 with its server headers (Debian's), PostgreSQL 16, 17 and 18
+# (scripts/pg-install.sh), clang for bindgen, sudo for `cargo pgrx test --runas`, Patroni and
+# etcd (server and etcdctl) for the high-availability tests, and
+# cargo-pgrx 0.18.0 initialised against every one of those installations.
 set -euo pipefail
 
 PGRX_VERSION=0.18.0
-PG_CONFIG=/usr/lib/postgresql/15/bin/pg_config
+HERE=$(cd "$(dirname "$0")" && pwd)
 APT_PACKAGES=(postgresql-15 postgresql-server-dev-15 postgresql-client-15 libclang-dev clang sudo pkg-config make
               patroni etcd-server etcd-client)
 
@@ -36,7 +37,20 @@ if ! cargo pgrx --version 2>/dev/null | grep -q "$PGRX_VERSION"; then
     cargo install --locked cargo-pgrx --version "$PGRX_VERSION"
 fi
 
-if ! grep -qs "pg15 = \"$PG_CONFIG\"" "${PGRX_HOME:-$HOME/.pgrx}/config.toml"; then
-    echo "==> cargo pgrx init --pg15 $PG_CONFIG"
-    cargo pgrx init --pg15 "$PG_CONFIG"
-fi
+# Every supported major (scripts/postgresql-versions), for `make install PG_MAJOR=N`,
+# `make lint` and `make package`.
+init_args=()
+wanted=()
+for major in $(awk '$0 !~ /^#/ && $1 ~ /^[0-9]+$/ {print $1}' "$HERE/postgresql-versions"); do
+    pg_config="$("$HERE/pg-install.sh" "$major")/pg_config"
+    init_args+=("--pg$major" "$pg_config")
+    wanted+=("pg$major = \"$pg_config\"")
+done
+config="${PGRX_HOME:-$HOME/.pgrx}/config.toml"
+for w in "${wanted[@]}"; do
+    if ! grep -qsF "$w" "$config"; then
+        echo "==> cargo pgrx init ${init_args[*]}"
+        cargo pgrx init "${init_args[@]}"
+        break
+    fi
+done

@@ -1,32 +1,29 @@
 #!/usr/bin/env bash
-# Install tsoracle into the PostgreSQL that PG_CONFIG names, without harming a server that
-# runs from it: the package is built first (cargo pgrx package), then every file is copied
-# to a temporary name beside its destination and renamed into place, as install(1) and dpkg
-# do. A running server keeps the library it has mapped (the old file lives on until it
-# closes it) and loads the new one at its next start; a library copied over in place would
-# instead change under its feet (SIGBUS, SIGSEGV: the whole server restarts).
+# Install tsoracle into a PostgreSQL installation without harming a server that runs from
+# it: the package is built first (scripts/build-ext.sh), then every file is copied to a
+# temporary name beside its destination and renamed into place, as install(1) and dpkg do.
+# A running server keeps the library it has mapped (the old file lives on until it closes
+# it) and loads the new one at its next start; a library copied over in place would instead
+# change under its feet (SIGBUS, SIGSEGV: the whole server restarts).
 #
 # Also installs the frozen install scripts of earlier versions (sql/tsoracle--X.sql), so
 # that CREATE EXTENSION tsoracle VERSION 'X' followed by ALTER EXTENSION ... UPDATE works.
 #
-# Usage: scripts/install-ext.sh [pg_config]   (INSTALL_PROFILE=debug for a debug build)
+# Usage: scripts/install-ext.sh PG_CONFIG [DEST_PG_CONFIG]
+#   Builds against PG_CONFIG and installs where DEST_PG_CONFIG (default PG_CONFIG) says:
+#   the tests build against an installation and install into their private copy of it, so
+#   that the tests and `make package` share one build. INSTALL_PROFILE=debug: a debug build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-PG_CONFIG=${1:-${PG_CONFIG:-/usr/lib/postgresql/15/bin/pg_config}}
-profile_flag=()
-profile_dir=release
-if [ "${INSTALL_PROFILE:-release}" = debug ]; then
-    profile_flag=(--debug)
-    profile_dir=debug
-fi
-major=$("$PG_CONFIG" --version | sed -E 's/^PostgreSQL ([0-9]+).*/\1/')
-out="target/$profile_dir/tsoracle-pg$major"
-rm -rf "$out"
-cargo pgrx package "${profile_flag[@]}" --pg-config "$PG_CONFIG" --out-dir "$out" >&2
+PG_CONFIG=${1:?usage: install-ext.sh PG_CONFIG [DEST_PG_CONFIG]}
+DEST_PG_CONFIG=${2:-$PG_CONFIG}
+[ "$("$PG_CONFIG" --version)" = "$("$DEST_PG_CONFIG" --version)" ] ||
+    { echo "install-ext: $PG_CONFIG and $DEST_PG_CONFIG are different versions" >&2; exit 1; }
+out=$(scripts/build-ext.sh "$PG_CONFIG")
 
-pkglibdir=$("$PG_CONFIG" --pkglibdir)
-extdir="$("$PG_CONFIG" --sharedir)/extension"
+pkglibdir=$("$DEST_PG_CONFIG" --pkglibdir)
+extdir="$("$DEST_PG_CONFIG" --sharedir)/extension"
 
 # place SRC DEST: copy to a temporary file in DEST's directory, then rename over DEST.
 place() {
@@ -38,14 +35,12 @@ place() {
     mv -f "$tmp" "$dest"
 }
 
-found_lib=0
 while IFS= read -r -d '' f; do
     case "$f" in
-        *.so) place "$f" "$pkglibdir/$(basename "$f")" 0755; found_lib=1 ;;
+        *.so) place "$f" "$pkglibdir/$(basename "$f")" 0755 ;;
         *.control | *.sql) place "$f" "$extdir/$(basename "$f")" 0644 ;;
     esac
 done < <(find "$out" -type f -print0)
-[ "$found_lib" = 1 ] || { echo "install-ext: no library in $out" >&2; exit 1; }
 
 for f in sql/tsoracle--*.sql; do
     name=$(basename "$f")

@@ -1,18 +1,31 @@
 #!/usr/bin/env bash
-# Start (or restart) a local PostgreSQL 15 cluster with tsoracle preloaded, create the
-# extension and show it working. Data lives in .run/ (owned by the postgres OS user, since
-# PostgreSQL refuses to run as root). Run `make stop` to stop it.
+# Start (or restart) a local cluster of PostgreSQL $PG_MAJOR (default 15) with tsoracle
+# preloaded, create the extension and show it working; `run.sh stop` stops it. Data lives in
+# .run/ (PostgreSQL 15) or .run/pg<major>/ (owned by the postgres OS user, since PostgreSQL
+# refuses to run as root); the port is 55432 for 15 and 554<major> for the others.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-BIN=/usr/lib/postgresql/15/bin
-PORT=${TSORACLE_PORT:-55432}
-DATA="$ROOT/.run/pgdata"
-LOG="$ROOT/.run/postgresql.log"
+PG_MAJOR=${PG_MAJOR:-15}
+BIN=$("$ROOT/scripts/pg-install.sh" "$PG_MAJOR")
+if [ "$PG_MAJOR" = 15 ]; then
+    RUN="$ROOT/.run"
+    PORT=${TSORACLE_PORT:-55432}
+else
+    RUN="$ROOT/.run/pg$PG_MAJOR"
+    PORT=${TSORACLE_PORT:-554$PG_MAJOR}
+fi
+DATA="$RUN/pgdata"
+LOG="$RUN/postgresql.log"
 as_pg() { runuser -u postgres -- "$@"; }
 
-mkdir -p "$ROOT/.run"
-chown postgres:postgres "$ROOT/.run"
+if [ "${1:-}" = stop ]; then
+    if [ -s "$DATA/PG_VERSION" ]; then as_pg "$BIN/pg_ctl" -D "$DATA" -m fast -w stop || true; fi
+    exit 0
+fi
+
+mkdir -p "$RUN"
+chown postgres:postgres "$ROOT/.run" "$RUN"
 if [ ! -s "$DATA/PG_VERSION" ]; then
     echo "==> initdb $DATA"
     as_pg "$BIN/initdb" -D "$DATA" -U postgres --auth=trust -E UTF8 >/dev/null
@@ -20,7 +33,7 @@ if [ ! -s "$DATA/PG_VERSION" ]; then
 # --- tsoracle demo cluster ---
 listen_addresses = '127.0.0.1'
 port = $PORT
-unix_socket_directories = '$ROOT/.run'
+unix_socket_directories = '$RUN'
 shared_preload_libraries = 'tsoracle'
 tsoracle.database = 'postgres'
 CONF
@@ -57,5 +70,5 @@ cat <<EOF2
 
 tsoracle is running on 127.0.0.1:$PORT (data: $DATA, log: $LOG).
   connect:  psql -h 127.0.0.1 -p $PORT -U postgres postgres
-  stop:     make stop
+  stop:     make stop PG_MAJOR=$PG_MAJOR
 EOF2

@@ -1,43 +1,60 @@
 #!/usr/bin/env bash
-# Make (or refresh) the private PostgreSQL installation the tests run against, and a pgrx
-# home that points at it. `make test` builds, installs and runs everything there, so that
-# neither `cargo pgrx test` (which copies its build over the library in place) nor the
-# integration tests ever write into the installation a user's server runs from: a demo
-# server started by `make run` keeps running, untouched, while `make test` runs.
+# Make (or refresh) the private PostgreSQL installation of one major that the tests run
+# against, and a pgrx home that points at it; print the private bin directory. `make test`
+# builds, installs and runs everything there, so that neither `cargo pgrx test` (which copies
+# its build over the library in place) nor the integration tests ever write into the
+# installation a user's server runs from: a demo server started by `make run` keeps running,
+# untouched, while `make test` runs.
 #
 # The copy is relocatable: PostgreSQL finds its library and share directories relative to
-# its binaries, and pg_config reports the copy's own paths.
+# its binaries, and pg_config reports the copy's own paths. The source is the installation
+# scripts/pg-install.sh gives for MAJOR (Debian's layout for 15, one prefix for the others).
 #
-# Usage: scripts/test-pg.sh ROOT PGRX_HOME   (system installation: /usr/lib/postgresql/15)
+# Usage: scripts/test-pg.sh MAJOR ROOT PGRX_HOME   (MAJOR: a name of scripts/postgresql-versions)
 set -euo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
 
-ROOT=${1:?usage: test-pg.sh ROOT PGRX_HOME}
-PGRX_HOME_DIR=${2:?usage: test-pg.sh ROOT PGRX_HOME}
-MAJOR=15
-SYSTEM_CONFIG=/usr/lib/postgresql/$MAJOR/bin/pg_config
-PRIVATE_CONFIG=$ROOT/usr/lib/postgresql/$MAJOR/bin/pg_config
+MAJOR=${1:?usage: test-pg.sh MAJOR ROOT PGRX_HOME}
+ROOT=${2:?usage: test-pg.sh MAJOR ROOT PGRX_HOME}
+PGRX_HOME_DIR=${3:?usage: test-pg.sh MAJOR ROOT PGRX_HOME}
+SYSTEM_BIN=$("$HERE/pg-install.sh" "$MAJOR")
 
-# Refresh from the system installation (rsync-like: copy, then drop what vanished), but
-# never from a copy that still holds a tsoracle build: the system files win.
-mkdir -p "$ROOT/usr/lib/postgresql" "$ROOT/usr/share/postgresql" "$ROOT/usr/include"
-for d in "usr/lib/postgresql/$MAJOR" "usr/share/postgresql/$MAJOR" "usr/include/postgresql"; do
-    rm -rf "${ROOT:?}/$d.new"
-    cp -a "/$d" "$ROOT/$d.new"
-    rm -rf "${ROOT:?}/$d"
-    mv "$ROOT/$d.new" "$ROOT/$d"
-done
-# Only the tests' own builds go in there.
-rm -f "$ROOT/usr/lib/postgresql/$MAJOR/lib/tsoracle.so" "$ROOT/usr/share/postgresql/$MAJOR/extension"/tsoracle*
-
-[ "$("$PRIVATE_CONFIG" --pkglibdir)" = "$ROOT/usr/lib/postgresql/$MAJOR/lib" ] || {
-    echo "test-pg: $PRIVATE_CONFIG does not report its own location" >&2
-    exit 1
+# Copy, then replace the old copy (never from a copy that still holds a tsoracle build: the
+# source files win).
+refresh() {
+    local src=$1 dest=$2
+    mkdir -p "$(dirname "$dest")"
+    rm -rf "$dest.new"
+    cp -a "$src" "$dest.new"
+    rm -rf "$dest"
+    mv "$dest.new" "$dest"
 }
-"$SYSTEM_CONFIG" --version >/dev/null
 
-if ! grep -qs "pg$MAJOR = \"$PRIVATE_CONFIG\"" "$PGRX_HOME_DIR/config.toml"; then
+if [ "$SYSTEM_BIN" = "/usr/lib/postgresql/$MAJOR/bin" ]; then
+    # Debian's layout: the binaries and libraries, the share directory and the headers.
+    for d in "usr/lib/postgresql/$MAJOR" "usr/share/postgresql/$MAJOR" "usr/include/postgresql"; do
+        refresh "/$d" "$ROOT/$d"
+    done
+    PRIVATE_BIN=$ROOT/usr/lib/postgresql/$MAJOR/bin
+else
+    # One prefix (bin, lib, share, include).
+    refresh "$(dirname "$SYSTEM_BIN")" "$ROOT/prefix"
+    PRIVATE_BIN=$ROOT/prefix/bin
+fi
+PRIVATE_CONFIG=$PRIVATE_BIN/pg_config
+pkglibdir=$("$PRIVATE_CONFIG" --pkglibdir)
+sharedir=$("$PRIVATE_CONFIG" --sharedir)
+case "$pkglibdir" in
+"$ROOT"/*) ;;
+*) echo "test-pg: $PRIVATE_CONFIG does not report its own location ($pkglibdir)" >&2; exit 1 ;;
+esac
+# Only the tests' own builds go in there.
+rm -f "$pkglibdir/tsoracle.so" "$sharedir/extension"/tsoracle*
+
+if ! grep -qsF "pg${MAJOR%%-*} = \"$PRIVATE_CONFIG\"" "$PGRX_HOME_DIR/config.toml"; then
     mkdir -p "$PGRX_HOME_DIR"
-    PGRX_HOME="$PGRX_HOME_DIR" cargo pgrx init "--pg$MAJOR" "$PRIVATE_CONFIG" >&2
+    PGRX_HOME="$PGRX_HOME_DIR" cargo pgrx init "--pg${MAJOR%%-*}" "$PRIVATE_CONFIG" >&2
 fi
 chmod -R a+rX "$ROOT"
 echo "private PostgreSQL $MAJOR for the tests: $ROOT (pgrx home $PGRX_HOME_DIR)" >&2
+echo "$PRIVATE_BIN"

@@ -38,7 +38,13 @@ pub extern "C-unwind" fn _PG_init() {
     if unsafe { pg_sys::process_shared_preload_libraries_in_progress } {
         guc::define();
         shmem::init();
-        worker::register();
+        // No worker while pg_upgrade runs the server (`postgres -b`): the tables it would
+        // write are being restored, and their files are replaced by the old cluster's
+        // afterwards. The upgraded cluster's first real start fences from those files.
+        // SAFETY: as above, a process-local global set at postmaster start.
+        if !unsafe { pg_sys::IsBinaryUpgrade } {
+            worker::register();
+        }
     }
 }
 

@@ -106,11 +106,15 @@ pub struct NodeOpts {
     pub preload: bool,
     /// Extra `postgresql.conf` settings, applied after the harness's defaults (so they win).
     pub settings: Vec<(String, String)>,
+    /// The server binaries (default [`pg_bin_dir`]).
+    pub bin: Option<PathBuf>,
+    /// Extra `initdb` arguments.
+    pub initdb_args: Vec<String>,
 }
 
 impl Default for NodeOpts {
     fn default() -> Self {
-        NodeOpts { preload: true, settings: Vec::new() }
+        NodeOpts { preload: true, settings: Vec::new(), bin: None, initdb_args: Vec::new() }
     }
 }
 
@@ -129,6 +133,18 @@ impl NodeOpts {
         self.settings.push((key.to_string(), value.to_string()));
         self
     }
+
+    /// Pass `arg` to `initdb`.
+    pub fn initdb_arg(mut self, arg: &str) -> Self {
+        self.initdb_args.push(arg.to_string());
+        self
+    }
+
+    /// Run the cluster from the binaries in `bin` instead of [`pg_bin_dir`] (another major).
+    pub fn bin(mut self, bin: impl Into<PathBuf>) -> Self {
+        self.bin = Some(bin.into());
+        self
+    }
 }
 
 /// One PostgreSQL cluster (see the module documentation).
@@ -140,6 +156,7 @@ pub struct Node {
     port: Arc<AtomicU16>,
     settings: BTreeMap<String, String>,
     postmaster: Option<Child>,
+    bin: PathBuf,
 }
 
 impl std::fmt::Debug for Node {
@@ -158,7 +175,7 @@ impl Node {
 
     /// `initdb` a new cluster in a fresh directory and write its configuration. Not started.
     pub fn init(name: &str, opts: NodeOpts) -> Result<Node> {
-        let mut node = Node::empty(name)?;
+        let mut node = Node::empty(name, opts.bin.unwrap_or_else(pg_bin_dir))?;
         let mut cmd = node.pg_command("initdb");
         cmd.arg("-D").arg(&node.datadir).args([
             "--auth=trust",
@@ -170,6 +187,7 @@ impl Node {
             "--no-sync",
             "--no-instructions",
         ]);
+        cmd.args(&opts.initdb_args);
         run_cmd(cmd, Duration::from_secs(180))?;
 
         let mut settings = default_settings();
@@ -205,7 +223,7 @@ impl Node {
     /// node directory; `primary_conninfo` carries `application_name=<name>` (usable in
     /// `synchronous_standby_names`). Same settings as the primary, its own port. Not started.
     pub fn base_backup_from(primary: &Node, name: &str) -> Result<Node> {
-        let mut node = Node::empty(name)?;
+        let mut node = Node::empty(name, primary.bin.clone())?;
         node.settings = primary.settings.clone();
         let mut cmd = node.pg_command("pg_basebackup");
         cmd.arg("-D")
@@ -222,7 +240,36 @@ impl Node {
         Ok(node)
     }
 
-    fn empty(name: &str) -> Result<Node> {
+    /// `pg_upgrade` the stopped cluster `old` into a new cluster `name`, `initdb`ed from the
+    /// binaries of `opts` (another major) with `opts`' settings; `--copy` mode, so `old`
+    /// stays usable. Not started.
+    pub fn upgrade_from(old: &Node, name: &str, opts: NodeOpts) -> Result<Node> {
+        let new = Node::init(name, opts)?;
+        let mut cmd = new.pg_command("pg_upgrade");
+        cmd.arg("--old-bindir")
+            .arg(&old.bin)
+            .arg("--new-bindir")
+            .arg(&new.bin)
+            .arg("--old-datadir")
+            .arg(&old.datadir)
+            .arg("--new-datadir")
+            .arg(&new.datadir)
+            .args(["--old-port", &old.port().to_string(), "--new-port", &new.port().to_string()])
+            .args(["--socketdir"])
+            .arg(&new.base)
+            .args(["--copy", "--no-sync", "-U", "postgres"]);
+        match run_cmd(cmd, Duration::from_secs(600)) {
+            Ok(_) => Ok(new),
+            // pg_upgrade names a log file with the cause: say what it holds, the new node's
+            // directory is deleted when `new` is dropped.
+            Err(e) => Err(HarnessError::Other(format!(
+                "{e}\n{}",
+                tail_of_logs(&new.datadir.join("pg_upgrade_output.d"), 10)
+            ))),
+        }
+    }
+
+    fn empty(name: &str, bin: PathBuf) -> Result<Node> {
         let (uid, gid) = pg_user()?;
         let base = make_base_dir(name, uid, gid)?;
         let logfile = base.join("server.log");
@@ -237,10 +284,16 @@ impl Node {
             port: Arc::new(AtomicU16::new(pick_port()?)),
             settings: BTreeMap::new(),
             postmaster: None,
+            bin,
         })
     }
 
     // ---------------------------------------------------------------- accessors
+
+    /// The directory of the binaries this cluster runs from.
+    pub fn bin_dir(&self) -> &Path {
+        &self.bin
+    }
 
     pub fn name(&self) -> &str {
         &self.name
@@ -634,7 +687,7 @@ impl Node {
 
     /// Run SQL through `psql -X -A -t -v ON_ERROR_STOP=1`; returns its stdout.
     pub fn psql(&self, sql: &str) -> Result<String> {
-        let mut cmd = Command::new(pg_bin_dir().join("psql"));
+        let mut cmd = Command::new(self.bin.join("psql"));
         cmd.args([
             "-X",
             "-A",
@@ -738,7 +791,7 @@ impl Node {
     /// A command for a server binary, run as the postgres OS user in the node directory.
     fn pg_command(&self, program: &str) -> Command {
         let (uid, gid) = pg_user().expect("postgres OS user");
-        let mut cmd = Command::new(pg_bin_dir().join(program));
+        let mut cmd = Command::new(self.bin.join(program));
         cmd.uid(uid).gid(gid).current_dir(&self.base).env("HOME", &self.base);
         scrub_env(&mut cmd);
         cmd
@@ -889,6 +942,37 @@ pub(crate) fn scrub_env(cmd: &mut Command) {
 }
 
 /// Run a command with a time bound; Ok(stdout) when it exits 0.
+/// The error lines and the last `lines` lines of every `*.log` file under `dir` (pg_upgrade's
+/// logs).
+fn tail_of_logs(dir: &Path, lines: usize) -> String {
+    let mut out = String::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(entries) = fs::read_dir(&d) else { continue };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                stack.push(path);
+            } else if path.extension().is_some_and(|e| e == "log") {
+                let text = fs::read_to_string(&path).unwrap_or_default();
+                let all: Vec<&str> = text.lines().collect();
+                let errors: Vec<&str> = all
+                    .iter()
+                    .copied()
+                    .filter(|l| l.contains("error") || l.contains("ERROR") || l.contains("FATAL"))
+                    .collect();
+                let tail = all[all.len().saturating_sub(lines)..].join("\n");
+                out.push_str(&format!(
+                    "--- {} (errors, then the last {lines} lines):\n{}\n...\n{tail}\n",
+                    path.display(),
+                    errors.join("\n")
+                ));
+            }
+        }
+    }
+    out
+}
+
 pub(crate) fn run_cmd(mut cmd: Command, timeout: Duration) -> Result<String> {
     let desc = format!("{cmd:?}");
     cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());

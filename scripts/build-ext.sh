@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Build tsoracle for the PostgreSQL that PG_CONFIG names (cargo pgrx package picks the pgNN
+# feature from its version) and print the directory holding the result: the library, the
+# control file and the install and upgrade scripts, under the paths PG_CONFIG reports.
+#
+# Usage: scripts/build-ext.sh PG_CONFIG   (INSTALL_PROFILE=debug for a debug build)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PG_CONFIG=${1:?usage: build-ext.sh PG_CONFIG}
+profile_flag=()
+profile_dir=release
+if [ "${INSTALL_PROFILE:-release}" = debug ]; then
+    profile_flag=(--debug)
+    profile_dir=debug
+fi
+major=$("$PG_CONFIG" --version | sed -E 's/^PostgreSQL ([0-9]+).*/\1/')
+out="${CARGO_TARGET_DIR:-target}/$profile_dir/tsoracle-pg$major"
+rm -rf "$out"
+cargo pgrx package "${profile_flag[@]}" --pg-config "$PG_CONFIG" --out-dir "$out" >&2
+[ -n "$(find "$out" -name tsoracle.so -print -quit)" ] || { echo "build-ext: no library in $out" >&2; exit 1; }
+echo "$out"

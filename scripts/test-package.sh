@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# Test the Debian packages `make package` built (run as root):
+#   - every package's metadata and file list: named postgresql-<major>-tsoracle, depends on
+#     postgresql-<major>, holds the library, control file and every install and upgrade
+#     script under Debian's PostgreSQL paths, and nothing else;
+#   - the package for the system's PostgreSQL 15 is installed with `dpkg -i`, a fresh cluster
+#     (on a free loopback port, from /usr/lib/postgresql/15/bin) preloads it, CREATE EXTENSION
+#     works and tso_next() serves increasing timestamps; then `dpkg -r` removes every file.
+# tsoracle files already in the system installation (a `make install`) are set aside first
+# and renamed back into place at the end, so a `make run` demo server is left as it was (dpkg
+# itself renames files into place: a running server keeps the library it has mapped).
+#
+# Usage: scripts/test-package.sh DIR MAJOR...
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DIR=${1:?usage: test-package.sh DIR MAJOR...}
+shift
+VERSION=$(sed -nE 's/^version = "([^"]+)"$/\1/p' Cargo.toml | head -n1)
+ARCH=$(dpkg --print-architecture)
+failures=0
+ok() { echo "ok: $*"; }
+fail() { echo "FAIL: $*" >&2; failures=$((failures + 1)); }
+
+# Every script of sql/ (frozen base scripts and upgrades) and the current version's.
+expected_sql() {
+    { for f in sql/tsoracle--*.sql; do basename "$f"; done; echo "tsoracle--$VERSION.sql"; } | sort -u
+}
+
+for major in "$@"; do
+    name=postgresql-$major-tsoracle
+    deb=$DIR/${name}_${VERSION}-1_${ARCH}.deb
+    if [ ! -f "$deb" ]; then fail "$deb missing"; continue; fi
+    [ "$(dpkg-deb -f "$deb" Package)" = "$name" ] && ok "$name: Package" || fail "$name: Package is $(dpkg-deb -f "$deb" Package)"
+    [ "$(dpkg-deb -f "$deb" Version)" = "$VERSION-1" ] && ok "$name: Version" || fail "$name: Version"
+    dpkg-deb -f "$deb" Depends | grep -qE "(^|, )postgresql-$major(,|$)" && ok "$name: depends on postgresql-$major" ||
+        fail "$name: Depends is '$(dpkg-deb -f "$deb" Depends)'"
+    files=$(dpkg-deb -c "$deb" | awk '$1 !~ /^d/ {print $6}' | sed 's|^\./|/|' | sort)
+    want=$( {
+        echo "/usr/lib/postgresql/$major/lib/tsoracle.so"
+        echo "/usr/share/postgresql/$major/extension/tsoracle.control"
+        expected_sql | sed "s|^|/usr/share/postgresql/$major/extension/|"
+        echo "/usr/share/doc/$name/copyright"
+        echo "/usr/share/doc/$name/changelog.gz"
+    } | sort)
+    if [ "$files" = "$want" ]; then ok "$name: file list"; else
+        fail "$name: file list differs:"; diff <(echo "$want") <(echo "$files") >&2 || true
+    fi
+    # The library was built for this major (its magic block records the major).
+    tmp=$(mktemp -d); dpkg-deb -x "$deb" "$tmp"
+    so=$tmp/usr/lib/postgresql/$major/lib/tsoracle.so
+    if nm -D --defined-only "$so" 2>/dev/null | grep -q ' Pg_magic_func$'; then ok "$name: library has a magic block"; else fail "$name: no Pg_magic_func in the library"; fi
+    rm -rf "$tmp"
+done
+
+# ---- dpkg -i of the PostgreSQL 15 package, a fresh cluster, dpkg -r
+major=15
+name=postgresql-$major-tsoracle
+deb=$DIR/${name}_${VERSION}-1_${ARCH}.deb
+BIN=/usr/lib/postgresql/$major/bin
+LIB=/usr/lib/postgresql/$major/lib
+EXT=/usr/share/postgresql/$major/extension
+work=$(mktemp -d /tmp/tsoracle-pkgtest.XXXXXX)
+chmod 755 "$work"
+saved=$work/saved
+mkdir -p "$saved"
+# Set aside what `make install` put there (not owned by any package).
+for f in "$LIB/tsoracle.so" "$EXT"/tsoracle*; do [ -e "$f" ] && cp -a "$f" "$saved/"; done
+restore() {
+    set +e
+    if [ -s "$work/data/PG_VERSION" ]; then runuser -u postgres -- "$BIN/pg_ctl" -D "$work/data" -m immediate -w stop >/dev/null 2>&1; fi
+    dpkg-query -W "$name" >/dev/null 2>&1 && dpkg -r "$name" >/dev/null
+    for f in "$saved"/*; do
+        [ -e "$f" ] || continue
+        case "$(basename "$f")" in *.so) dest=$LIB ;; *) dest=$EXT ;; esac
+        tmpf=$(mktemp "$dest/.$(basename "$f").XXXXXX") && cp -a "$f" "$tmpf" && mv -f "$tmpf" "$dest/$(basename "$f")"
+    done
+    rm -rf "$work"
+}
+trap restore EXIT
+
+if dpkg -i "$deb" >/dev/null; then ok "dpkg -i $(basename "$deb")"; else fail "dpkg -i $deb"; exit 1; fi
+dpkg -L "$name" | grep -qx "$LIB/tsoracle.so" && ok "dpkg -L lists $LIB/tsoracle.so" || fail "dpkg -L $name"
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+chown postgres:postgres "$work"
+runuser -u postgres -- "$BIN/initdb" -D "$work/data" -U postgres --auth=trust -E UTF8 --locale=C --no-sync >/dev/null
+cat >>"$work/data/postgresql.conf" <<CONF
+listen_addresses = '127.0.0.1'
+port = $port
+unix_socket_directories = '$work'
+shared_preload_libraries = 'tsoracle'
+tsoracle.database = 'postgres'
+CONF
+runuser -u postgres -- "$BIN/pg_ctl" -D "$work/data" -l "$work/server.log" -w start >/dev/null
+psql=("$BIN/psql" -X -q -At -h 127.0.0.1 -p "$port" -U postgres -d postgres -v ON_ERROR_STOP=1)
+"${psql[@]}" -c "CREATE EXTENSION tsoracle"
+state=""
+for _ in $(seq 1 300); do
+    state=$("${psql[@]}" -c "SELECT state FROM tso_status()") && [ "$state" = serving ] && break
+    sleep 0.1
+done
+[ "$state" = serving ] && ok "the packaged extension serves" || fail "tso_status().state is '$state'"
+read -r a b < <("${psql[@]}" -F ' ' -c "SELECT tso_next(), tso_next()")
+if [ -n "$a" ] && [ "$b" -gt "$a" ] && [ "$a" -gt 0 ]; then ok "tso_next() = $a then $b"; else fail "tso_next() gave '$a' then '$b'"; fi
+installed=$("${psql[@]}" -c "SELECT extversion FROM pg_extension WHERE extname = 'tsoracle'")
+[ "$installed" = "$VERSION" ] && ok "extension version $installed" || fail "extension version '$installed'"
+runuser -u postgres -- "$BIN/pg_ctl" -D "$work/data" -m fast -w stop >/dev/null
+if dpkg -r "$name" >/dev/null; then ok "dpkg -r $name"; else fail "dpkg -r $name"; fi
+left=$(ls "$LIB/tsoracle.so" "$EXT"/tsoracle* 2>/dev/null || true)
+[ -z "$left" ] && ok "dpkg -r removed every file" || fail "left after dpkg -r: $left"
+
+if [ "$failures" = 0 ]; then echo "test-package: all checks passed"; else echo "test-package: $failures checks failed" >&2; exit 1; fi
