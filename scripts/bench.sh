@@ -14,22 +14,53 @@
 # BENCH_PERCALL_REPS (repetitions of the per-call rows, cheap, default 7),
 # BENCH_P99_WINDOW_MS (tsoracle.window_ahead_ms during the p99 runs, default 50),
 # BENCH_P99_RATE (total -R of the open-loop latency runs, default 4000/s),
-# BENCH_KEEP=1 keeps the work directory (logs, per-transaction logs) for inspection,
+# BENCH_WRITE_CLIENTS (INSERT and UPDATE rows, default: BENCH_CLIENTS),
+# BENCH_UPDATE_ROWS (rows of the UPDATE tables, default 100000),
+# BENCH_COPY_ROWS (rows per COPY, default 1000000), BENCH_COPY_REPS (default 5),
+# BENCH_CURVE_CLIENTS (the scaling curve, default "1 2 4 8 16 32 64 128 256"; empty skips it),
+# BENCH_CURVE_SECONDS (pgbench -T per curve run, default 5), BENCH_CURVE_REPS (default 2),
+# BENCH_CURVE_SAMPLING (pgbench --sampling-rate of the curve's per-transaction logs, default 0.2),
+# BENCH_PLOT (where the curve's PNG goes, default BENCHMARKS-scaling.png next to BENCHMARKS.md;
+# empty: no plot, and matplotlib is not needed),
+# BENCH_REPORT (also write the report to this file),
+# BENCH_KEEP=1 keeps the work directory (logs, per-transaction logs, results.tsv) for inspection,
+# BENCH_PG_BIN (the PostgreSQL installation to run: the directory of its postgres, pg_ctl, initdb,
+# pg_config, psql and pgbench; default /usr/lib/postgresql/15/bin, Debian's PostgreSQL 15; a
+# relocatable installation such as /opt/tsoracle/postgresql-18.6.0/bin works too),
 # BENCH_SO / BENCH_EXT_DIR benchmark another tsoracle.so / extension SQL directory than the
-# installed ones (default: /usr/lib/postgresql/15/lib/tsoracle.so and .../extension).
+# installed ones (default: `pg_config --pkglibdir`/tsoracle.so and `pg_config --sharedir`/extension
+# of that installation).
 #
-# The server runs from a private snapshot of the PostgreSQL 15 installation (postgres,
-# pg_ctl, initdb, the libraries, the share directory) taken at the start, with tsoracle.so and
-# its SQL copied in: PostgreSQL finds pkglibdir and sharedir relative to its executable, so
-# the benchmark measures one consistent build even if tsoracle is reinstalled meanwhile (an
-# in-place reinstall under a running server can crash it).
+# The server runs from a private snapshot of the PostgreSQL installation (postgres, pg_ctl,
+# initdb, the libraries, the share directory) taken at the start, with tsoracle.so and its SQL
+# copied in: PostgreSQL finds pkglibdir and sharedir relative to its executable, so the
+# benchmark measures one consistent build even if tsoracle is reinstalled meanwhile (an in-place
+# reinstall under a running server can crash it). The snapshot mirrors the absolute paths that
+# pg_config reports under a private root, which keeps their relative layout whatever it is
+# (Debian's bin and lib under /usr/lib/postgresql/N and share under /usr/share/postgresql/N, or
+# one prefix with bin/, lib/ and share/).
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 HERE="$ROOT/scripts/bench"
-SYSBIN=/usr/lib/postgresql/15/bin            # clients: psql, pgbench
-SRC_SO=${BENCH_SO:-/usr/lib/postgresql/15/lib/tsoracle.so}
-SRC_EXT=${BENCH_EXT_DIR:-/usr/share/postgresql/15/extension}
+die() { echo "bench: $*" >&2; exit 1; }
+as_pg() { runuser -u postgres -- "$@"; }
+[ "$(id -u)" = 0 ] || die "run as root (initdb/pg_ctl run as the postgres OS user via runuser)"
+
+# The PostgreSQL installation: clients (psql, pgbench) run from it, the server from a snapshot.
+SYSBIN=${BENCH_PG_BIN:-/usr/lib/postgresql/15/bin}
+PG_CONFIG="$SYSBIN/pg_config"
+[ -x "$PG_CONFIG" ] || die "$PG_CONFIG not found (BENCH_PG_BIN=$SYSBIN: the bin directory of a PostgreSQL installation; for 15: apt-get install postgresql-15)"
+for exe in postgres pg_ctl initdb psql pgbench; do
+    [ -x "$SYSBIN/$exe" ] || die "$SYSBIN/$exe not found"
+done
+SYS_BINDIR=$("$PG_CONFIG" --bindir) || die "$PG_CONFIG --bindir failed"
+SYS_PKGLIB=$("$PG_CONFIG" --pkglibdir) || die "$PG_CONFIG --pkglibdir failed"
+SYS_SHARE=$("$PG_CONFIG" --sharedir) || die "$PG_CONFIG --sharedir failed"
+[ "$(readlink -f "$SYS_BINDIR")" = "$(readlink -f "$SYSBIN")" ] \
+    || die "$PG_CONFIG says its bin directory is $SYS_BINDIR, not $SYSBIN"
+SRC_SO=${BENCH_SO:-$SYS_PKGLIB/tsoracle.so}
+SRC_EXT=${BENCH_EXT_DIR:-$SYS_SHARE/extension}
 SECS=${BENCH_SECONDS:-8}
 REPS=${BENCH_REPS:-3}
 CLIENTS=${BENCH_CLIENTS:-"8 32"}
@@ -40,13 +71,33 @@ P99_CLIENTS=8
 P99_RATE_CLIENTS=4
 P99_RATE=${BENCH_P99_RATE:-4000}
 BATCH_CLIENTS=8
+WRITE_CLIENTS=${BENCH_WRITE_CLIENTS:-$CLIENTS}
+UPDATE_ROWS=${BENCH_UPDATE_ROWS:-100000}
+COPY_ROWS=${BENCH_COPY_ROWS:-1000000}
+COPY_REPS=${BENCH_COPY_REPS:-5}
+CURVE_CLIENTS=${BENCH_CURVE_CLIENTS-"1 2 4 8 16 32 64 128 256"}
+CURVE_SECS=${BENCH_CURVE_SECONDS:-5}
+CURVE_REPS=${BENCH_CURVE_REPS:-2}
+CURVE_SAMPLING=${BENCH_CURVE_SAMPLING:-0.2}
+PLOT=${BENCH_PLOT-$ROOT/BENCHMARKS-scaling.png}
+MATPLOTLIB_PIN=3.10.3
+# max_connections: 300, or more if the curve asks for more clients (plus the sampler and psql).
+MAX_CONN=300
+for c in $CURVE_CLIENTS $CLIENTS $WRITE_CLIENTS; do
+    [ $(( c + 10 )) -le "$MAX_CONN" ] || MAX_CONN=$(( c + 10 ))
+done
 
-die() { echo "bench: $*" >&2; exit 1; }
-as_pg() { runuser -u postgres -- "$@"; }
-[ "$(id -u)" = 0 ] || die "run as root (initdb/pg_ctl run as the postgres OS user via runuser)"
-[ -x "$SYSBIN/pgbench" ] || die "$SYSBIN/pgbench not found (apt-get install postgresql-15)"
-[ -f "$SRC_SO" ] || die "$SRC_SO not found (make install)"
+[ -f "$SRC_SO" ] || die "$SRC_SO not found (make install; for another installation: scripts/install-ext.sh $PG_CONFIG)"
 [ -f "$SRC_EXT/tsoracle.control" ] || die "$SRC_EXT/tsoracle.control not found (make install)"
+
+# The curve's plot needs matplotlib: install it now if it is missing (once; pinned), so that a
+# machine without it fails here, not after twenty minutes of measuring.
+if [ -n "$PLOT" ] && [ -n "$CURVE_CLIENTS" ] && ! python3 -c 'import matplotlib' 2>/dev/null; then
+    echo "==> installing matplotlib==$MATPLOTLIB_PIN for the scaling plot (python3 -m pip)" >&2
+    python3 -m pip install --quiet --disable-pip-version-check "matplotlib==$MATPLOTLIB_PIN" >&2 \
+        && python3 -c 'import matplotlib' 2>/dev/null \
+        || die "could not install matplotlib for python3 (BENCH_PLOT= runs without the plot)"
+fi
 
 WORK=$(mktemp -d /tmp/tsoracle-bench.XXXXXX) || die "mktemp failed"
 chown postgres:postgres "$WORK"
@@ -76,15 +127,19 @@ trap 'exit 130' INT TERM
 
 # The private snapshot of the server installation (see the top of this file).
 PGROOT="$WORK/root"
-BIN="$PGROOT/usr/lib/postgresql/15/bin"
-PKGLIB="$PGROOT/usr/lib/postgresql/15/lib"
-SHARE="$PGROOT/usr/share/postgresql/15"
-mkdir -p "$BIN" "$PKGLIB" "$PGROOT/usr/share/postgresql"
-cp /usr/lib/postgresql/15/bin/postgres /usr/lib/postgresql/15/bin/pg_ctl /usr/lib/postgresql/15/bin/initdb "$BIN/"
-for f in /usr/lib/postgresql/15/lib/*.so; do
-    [ "$(basename "$f")" = tsoracle.so ] || cp "$f" "$PKGLIB/"
+BIN="$PGROOT$SYS_BINDIR"
+PKGLIB="$PGROOT$SYS_PKGLIB"
+SHARE="$PGROOT$SYS_SHARE"
+mkdir -p "$BIN" "$PKGLIB" "$SHARE"
+cp "$SYSBIN/postgres" "$SYSBIN/pg_ctl" "$SYSBIN/initdb" "$BIN/"
+# Every shared library of pkglibdir but tsoracle's, symbolic links kept (in a single-prefix
+# installation pkglibdir is also libdir: initdb and pg_ctl find libpq.so.5 there through their
+# RUNPATH $ORIGIN/../lib).
+for f in "$SYS_PKGLIB"/*.so "$SYS_PKGLIB"/*.so.*; do
+    [ -e "$f" ] || continue
+    [ "$(basename "$f")" = tsoracle.so ] || cp -a "$f" "$PKGLIB/"
 done
-cp -a /usr/share/postgresql/15 "$PGROOT/usr/share/postgresql/"
+cp -a "$SYS_SHARE/." "$SHARE/"
 rm -f "$SHARE"/extension/tsoracle*
 snap_ok=0
 for _ in $(seq 1 30); do
@@ -115,7 +170,7 @@ cat >>"$DATA/postgresql.conf" <<CONF
 listen_addresses = '127.0.0.1'
 port = $PORT
 unix_socket_directories = '$WORK'
-max_connections = 100
+max_connections = $MAX_CONN
 jit = off
 shared_preload_libraries = 'tsoracle'
 tsoracle.database = 'postgres'
@@ -147,6 +202,26 @@ sql "CREATE SEQUENCE s; CREATE SEQUENCE s100 INCREMENT BY 100;
      CREATE TABLE counter (id int PRIMARY KEY, v bigint NOT NULL);
      INSERT INTO counter VALUES (1, 0);" && sql "VACUUM ANALYZE counter" || die "set-up failed"
 
+# The write paths (section 5): three tables alike but for the default of ts (8 bytes each:
+# bigint or timestamptz), each with a b-tree index on ts; three tables alike but for how the
+# version column is stamped. Autovacuum is off for them: the script truncates (INSERT, COPY)
+# or vacuums (UPDATE) a table and takes a checkpoint before every run instead, so that every
+# run starts from the same state and no run pays for another's checkpoint or vacuum.
+sql "CREATE SEQUENCE s_ts;
+     CREATE TABLE t_tso   (ts bigint      NOT NULL DEFAULT tso_next(),        v int NOT NULL) WITH (autovacuum_enabled = off);
+     CREATE TABLE t_clock (ts timestamptz NOT NULL DEFAULT clock_timestamp(), v int NOT NULL) WITH (autovacuum_enabled = off);
+     CREATE TABLE t_seq   (ts bigint      NOT NULL DEFAULT nextval('s_ts'),   v int NOT NULL) WITH (autovacuum_enabled = off);
+     CREATE INDEX t_tso_ts ON t_tso (ts);
+     CREATE INDEX t_clock_ts ON t_clock (ts);
+     CREATE INDEX t_seq_ts ON t_seq (ts);
+     CREATE TABLE a_tso   (id int PRIMARY KEY, v int NOT NULL, version bigint      NOT NULL) WITH (autovacuum_enabled = off);
+     CREATE TABLE a_clock (id int PRIMARY KEY, v int NOT NULL, version timestamptz NOT NULL) WITH (autovacuum_enabled = off);
+     CREATE TABLE a_inc   (id int PRIMARY KEY, v int NOT NULL, version bigint      NOT NULL) WITH (autovacuum_enabled = off);
+     INSERT INTO a_tso   SELECT g, 0, tso_next()        FROM generate_series(1, $UPDATE_ROWS) g;
+     INSERT INTO a_clock SELECT g, 0, clock_timestamp() FROM generate_series(1, $UPDATE_ROWS) g;
+     INSERT INTO a_inc   SELECT g, 0, 1                 FROM generate_series(1, $UPDATE_ROWS) g;" \
+    && sql "VACUUM ANALYZE a_tso, a_clock, a_inc" || die "set-up of the write tables failed"
+
 SEQ_OK=1
 if ! sql "SELECT tso_seq('k', 1)" >/dev/null 2>"$WORK/tso_seq.err"; then
     SEQ_OK=0
@@ -160,18 +235,21 @@ rec info cpu_model "$(lscpu 2>/dev/null | sed -n 's/^Model name: *//p' | head -n
 rec info memory "$(free -m | awk '/^Mem:/ {print $2 " MiB"}')"
 rec info kernel "$(uname -r)"
 rec info server "$(sql 'SELECT version()')"
+rec info server_version "$(sql 'SHOW server_version')"
+rec info pg_bin "$SYSBIN ($PG_CONFIG: $("$PG_CONFIG" --version))"
 rec info pgbench "$("$SYSBIN/pgbench" --version)"
 so_build=release
 readelf -S "$PKGLIB/tsoracle.so" 2>/dev/null | grep -q '\.debug_info' && so_build="DEBUG (has .debug_info: probably an unoptimised build, e.g. installed by cargo pgrx test; figures are not representative)"
 rec info extension "$SRC_SO: $(stat -c %s "$PKGLIB/tsoracle.so") bytes, sha256 $(sha256sum "$PKGLIB/tsoracle.so" | cut -c1-12), installed $(date -u -d "@$(stat -c %Y "$SRC_SO")" '+%F %T UTC'), build: $so_build"
 rec info settings "$(sql "SELECT string_agg(name || '=' || setting || coalesce(unit, ''), ', ' ORDER BY name)
     FROM pg_settings WHERE name IN ('shared_buffers', 'max_connections', 'fsync', 'synchronous_commit',
-      'wal_level', 'tsoracle.window_ahead_ms', 'tsoracle.failover_advance_ms', 'work_mem')")"
+      'wal_level', 'tsoracle.window_ahead_ms', 'tsoracle.failover_advance_ms', 'work_mem',
+      'data_checksums', 'io_method', 'max_wal_size', 'checkpoint_timeout')")"
 rec info percall_n "$PERCALL_N"
 rec info percall_reps "$PERCALL_REPS"
 rec info seconds "$SECS"
 rec info bench "pgbench -n -M prepared -T $SECS -c <clients> -j <min(clients, $(nproc))> -f <script>; $REPS repetitions, order rotated per repetition"
-rec info scripts "$(for f in "$HERE"/*.sql; do printf '%s: %s  ' "$(basename "$f" .sql)" "$(tr -d '\n' <"$f")"; done)"
+rec info scripts "$(for f in "$HERE"/*.sql; do printf '%s: %s  ' "$(basename "$f" .sql)" "$(tr '\n' ' ' <"$f" | sed 's/ *$//')"; done)"
 status_rec start
 
 # --- helpers ---------------------------------------------------------------------------------
@@ -180,7 +258,7 @@ status_rec start
 # in one session, into $1, for about as long as one run (the session ends by itself: killing
 # it would log FATALs).
 start_sampler() {
-    local out=$1 n=$(( SECS * 4 - 1 ))
+    local out=$1 n=$(( ${RUN_SECS:-$SECS} * 4 - 1 ))
     {
         # Renice the sampler (psql and its backend) so that it still gets to run on a
         # saturated machine; it costs a few queries a second.
@@ -208,21 +286,11 @@ stop_sampler() {
     fi
 }
 
-# CPU busy % of the whole machine over $1 seconds while this benchmark is idle between runs:
-# what other tenants of the machine use (the figures of a run next to a busy gap are suspect).
+# CPU busy % of the machine over $1 seconds while this benchmark is idle between runs, minus the
+# CPU its own cluster used meanwhile: what other tenants of the machine use (the figures of a
+# run next to a busy gap are suspect).
 busy_pct() {
-    local a b
-    a=$(head -n 1 /proc/stat)
-    sleep "$1"
-    b=$(head -n 1 /proc/stat)
-    python3 -c '
-import sys
-a = [int(x) for x in sys.argv[1].split()[1:]]
-b = [int(x) for x in sys.argv[2].split()[1:]]
-d = [y - x for x, y in zip(a, b)]
-total = sum(d[:8]) or 1
-idle = d[3] + d[4]          # idle + iowait
-print(round(100.0 * (total - idle) / total))' "$a" "$b"
+    python3 "$HERE/foreign_cpu.py" "$1" "$(head -n 1 "$DATA/postmaster.pid" 2>/dev/null)"
 }
 
 # The server must still be up (a crash restart is waited for; a dead server ends the run).
@@ -247,7 +315,7 @@ run_pgbench() {
     check_server
     local out="$RUNS/$tag.out"
     start_sampler "$RUNS/$tag.waits"
-    "$SYSBIN/pgbench" -h "$WORK" -p "$PORT" -U postgres -n -M prepared -T "$SECS" -c "$clients" -j "$jobs" \
+    "$SYSBIN/pgbench" -h "$WORK" -p "$PORT" -U postgres -n -M prepared -T "${RUN_SECS:-$SECS}" -c "$clients" -j "$jobs" \
         -f "$HERE/$script.sql" "$@" postgres >"$out" 2>&1
     local rc=$?
     stop_sampler
@@ -283,7 +351,7 @@ rec info busy_before "$(busy_pct 3)"
 # statement (against SELECT 1, which calls none).
 echo "==> throughput: tso_next() vs SELECT 1 vs nextval('s') vs clock_timestamp() (clients: $CLIENTS)" >&2
 for c in $CLIENTS; do
-    run_pgbench warmup select1 "$c" 0 -T 3 2>/dev/null   # connections, caches, CPU frequency
+    RUN_SECS=3 run_pgbench warmup select1 "$c" 0 2>/dev/null   # connections, caches, CPU frequency
     for r in $(seq 1 "$REPS"); do
         interleave "$c" "$r" select1 tso_next nextval clock
     done
@@ -341,7 +409,73 @@ else
     echo "==> tso_seq: not available, skipping its rows" >&2
 fi
 
-# --- 5. p99 latency across window extensions -------------------------------------------------
+# --- 5. the write paths users run: INSERT with a default, COPY, UPDATE of a version stamp ------
+# Before every run: TRUNCATE (INSERT) or VACUUM (UPDATE) of the table about to be written, then
+# CHECKPOINT, so that each run starts from the same state and pays for no other run's dirt.
+write_prep() {
+    case $1 in
+        ins_*) sql "TRUNCATE t_${1#ins_}" ;;
+        upd_*) sql "VACUUM a_${1#upd_}" ;;
+    esac && sql "CHECKPOINT"
+}
+# write_rows CLIENTS WORKLOAD... [-- extra pgbench args]: REPS repetitions of the workloads,
+# interleaved, the order rotated each repetition, each run prepared by write_prep.
+write_rows() {
+    local c=$1
+    shift
+    local list=() extra=() r i w
+    while [ $# -gt 0 ] && [ "$1" != -- ]; do list+=("$1"); shift; done
+    [ $# -gt 0 ] && { shift; extra=("$@"); }
+    local n=${#list[@]}
+    for r in $(seq 1 "$REPS"); do
+        for i in $(seq 0 $((n - 1))); do
+            w=${list[$(( (i + r) % n ))]}
+            check_server
+            write_prep "$w" || die "preparing $w failed"
+            run_pgbench "$w" "$w" "$c" "$r" "${extra[@]}"
+        done
+    done
+}
+rec info update_rows "$UPDATE_ROWS"
+echo "==> INSERT INTO t(v) VALUES (\$1), ts DEFAULT tso_next() vs clock_timestamp() vs nextval('s_ts') (clients: $WRITE_CLIENTS)" >&2
+for c in $WRITE_CLIENTS; do
+    write_rows "$c" ins_tso ins_clock ins_seq
+done
+echo "==> UPDATE ... SET version = tso_next() vs clock_timestamp() vs version + 1, random id of $UPDATE_ROWS (clients: $WRITE_CLIENTS)" >&2
+for c in $WRITE_CLIENTS; do
+    write_rows "$c" upd_tso upd_clock upd_inc -- -D rows="$UPDATE_ROWS"
+done
+
+echo "==> COPY t(v) FROM STDIN, $COPY_ROWS rows, ts DEFAULT tso_next() vs clock_timestamp() vs nextval('s_ts'), $COPY_REPS repetitions" >&2
+seq 1 "$COPY_ROWS" >"$WORK/copy.data"
+rec info copy_rows "$COPY_ROWS"
+rec info copy_reps "$COPY_REPS"
+copy_list=(tso clock seq)
+for r in $(seq 1 "$COPY_REPS"); do
+    for i in 0 1 2; do
+        x=${copy_list[$(( (i + r) % 3 ))]}
+        check_server
+        write_prep "ins_$x" || die "preparing the COPY into t_$x failed"
+        t0=$(date +%s%N)
+        "${PSQL[@]}" -c "COPY t_$x (v) FROM STDIN" <"$WORK/copy.data" >"$RUNS/copy_$x.r$r.out" 2>&1
+        rc=$?
+        t1=$(date +%s%N)
+        n=$(sql "SELECT count(*) FROM t_$x" 2>/dev/null)
+        if [ "$rc" -ne 0 ] || [ "$n" != "$COPY_ROWS" ]; then
+            rec fail "copy_$x" 1 "$r" "$(head -n 1 "$RUNS/copy_$x.r$r.out" | tr '\t' ' ') (rows: $n)"
+            printf '    %-16s rep %s: FAILED (%s)\n' "copy_$x" "$r" "$(head -n 1 "$RUNS/copy_$x.r$r.out")" >&2
+        else
+            ms=$(( (t1 - t0) / 1000 ))
+            ms=$(printf '%d.%03d' $(( ms / 1000 )) $(( ms % 1000 )))
+            rec copy "copy_$x" "$COPY_ROWS" "$r" "$ms"
+            printf '    %-16s rep %s: %10s ms\n' "copy_$x" "$r" "$ms" >&2
+        fi
+        rec busy "copy_$x" 1 "$r" "$(busy_pct 1)"
+    done
+done
+sql "TRUNCATE t_tso, t_clock, t_seq" && sql "CHECKPOINT" || die "clean-up of the write tables failed"
+
+# --- 6. p99 latency across window extensions -------------------------------------------------
 # Latency scripts end with a \set: pgbench caches its clock within one pass of a client's
 # state machine, so without a meta-command after the query a reply that is already there
 # when pgbench looks gets latency 0 (common on 2 oversubscribed cores); the \set makes it
@@ -383,6 +517,31 @@ done
 status_rec p99_end
 sql "ALTER SYSTEM RESET tsoracle.window_ahead_ms" && sql "SELECT pg_reload_conf()" >/dev/null
 
+# --- 7. the scaling curve: tso_next() and SELECT 1 from 1 to 256 clients ---------------------
+# Closed loop, the latency scripts (see section 6), per-transaction logs sampled at
+# CURVE_SAMPLING; throughput from pgbench, p50/p99 from the logs (scripts/bench/report.py).
+if [ -n "$CURVE_CLIENTS" ]; then
+    echo "==> scaling curve: SELECT tso_next() and SELECT 1, clients: $CURVE_CLIENTS (${CURVE_SECS} s runs, $CURVE_REPS repetitions)" >&2
+    rec info curve "pgbench -n -M prepared -T <$CURVE_SECS + 1 per 64 clients, for connecting> -c <clients> -j <min(clients, $(nproc))> -f lat_<workload>.sql -l --sampling-rate=$CURVE_SAMPLING; $CURVE_REPS repetitions, order rotated"
+    rec info curve_seconds "$CURVE_SECS"
+    rec info curve_reps "$CURVE_REPS"
+    RUN_SECS=3 run_pgbench warmup lat_select1 "$(echo $CURVE_CLIENTS | awk '{print $NF}')" 0 2>/dev/null
+    for c in $CURVE_CLIENTS; do
+        for r in $(seq 1 "$CURVE_REPS"); do
+            list=(select1 tso_next)
+            for i in 0 1; do
+                w=${list[$(( (i + r) % 2 ))]}
+                # pgbench's -T clock includes connecting (a few seconds for 256 clients on a
+                # loaded machine): one more second per 64 clients; the report flags runs that
+                # still measured less than the intended time (transactions / tps).
+                RUN_SECS=$(( CURVE_SECS + (c + 63) / 64 )) run_pgbench "curve_$w" "lat_$w" "$c" "$r" \
+                    -l --log-prefix="$RUNS/txlog.curve_$w.c$c.r$r" --sampling-rate="$CURVE_SAMPLING"
+                rec lat "curve_$w" "$c" "$r" "$RUNS/txlog.curve_$w.c$c.r$r"
+            done
+        done
+    done
+fi
+
 check_server
 status_rec end
 
@@ -391,7 +550,13 @@ rec info server_log_problems "$(grep -cE 'PANIC|terminated by signal|was termina
 grep -E 'PANIC|terminated by signal|was terminated' "$LOG" | head -n 5 | while read -r line; do rec info server_log "$line"; done
 
 echo >&2
-python3 "$HERE/report.py" "$RES" || die "the report failed (results: $RES; BENCH_KEEP=1 keeps them)"
+report_args=()
+[ -n "$PLOT" ] && [ -n "$CURVE_CLIENTS" ] && report_args=(--plot "$PLOT")
+python3 "$HERE/report.py" "$RES" "${report_args[@]}" >"$WORK/report.txt" || die "the report failed (results: $RES; BENCH_KEEP=1 keeps them)"
+cat "$WORK/report.txt"
+if [ -n "${BENCH_REPORT:-}" ]; then
+    cp "$WORK/report.txt" "$BENCH_REPORT" && echo "bench: report written to $BENCH_REPORT" >&2
+fi
 
 # Slowness never fails the benchmark; a crash or a failed run does.
 problems=$(grep -c '^fail' "$RES")

@@ -5,6 +5,7 @@ Rows of results.tsv (tab-separated):
   info    KEY VALUE
   tps     WORKLOAD CLIENTS REP TPS
   ms      QUERY 1 REP MILLISECONDS           (per-call rows, psql \\timing)
+  copy    WORKLOAD ROWS REP MILLISECONDS     (wall time of one COPY ... FROM STDIN through psql)
   lat     WORKLOAD CLIENTS REP LOG_PREFIX    (pgbench -l per-transaction logs)
   txns    WORKLOAD CLIENTS REP TRANSACTIONS  (pgbench's count, for the tso_seq group size)
   waits   WORKLOAD CLIENTS REP FILE          (sampled wait events: client backends, the worker)
@@ -15,7 +16,13 @@ Rows of results.tsv (tab-separated):
 Figures are medians over the repetitions; a ratio is the median of the per-repetition
 ratios (candidate run i / baseline run i, the two run back to back), not the ratio of the
 medians, so a slow phase of a shared machine hits both sides of a ratio alike.
+
+Usage: report.py RESULTS.TSV [--plot PNG]
+  --plot PNG  also draw the scaling curve (throughput, p50 and p99 latency against the number of
+              clients, tso_next() and SELECT 1) into PNG, with matplotlib.
+Run it again on a results.tsv kept by BENCH_KEEP=1 to regenerate the report and the plot.
 """
+import argparse
 import collections
 import glob
 import json
@@ -26,6 +33,8 @@ import sys
 info = collections.OrderedDict()
 tps = collections.defaultdict(dict)      # (workload, clients) -> {rep: tps}
 ms = collections.defaultdict(dict)       # query -> {rep: ms}
+copy_ms = collections.defaultdict(dict)  # workload -> {rep: ms}
+copy_rows = {}                           # workload -> rows per COPY
 lat = collections.defaultdict(dict)      # (workload, clients) -> {rep: log prefix}
 txns = collections.defaultdict(dict)     # (workload, clients) -> {rep: transactions}
 busy = collections.defaultdict(dict)     # (workload, clients) -> {rep: CPU busy % just after the run}
@@ -33,7 +42,12 @@ waits = collections.defaultdict(list)    # (workload, clients) -> [files]
 status = {}
 fails = []
 
-with open(sys.argv[1]) as f:
+ap = argparse.ArgumentParser(description="the tsoracle benchmark report")
+ap.add_argument("results")
+ap.add_argument("--plot", help="draw the scaling curve into this PNG")
+args = ap.parse_args()
+
+with open(args.results) as f:
     for line in f:
         parts = line.rstrip("\n").split("\t")
         kind = parts[0]
@@ -49,6 +63,9 @@ with open(sys.argv[1]) as f:
                 busy[(parts[1], int(parts[2]))][int(parts[3])] = int(parts[4])
         elif kind == "ms":
             ms[parts[1]][int(parts[3])] = float(parts[4])
+        elif kind == "copy":
+            copy_ms[parts[1]][int(parts[3])] = float(parts[4])
+            copy_rows[parts[1]] = int(parts[2])
         elif kind == "lat":
             lat[(parts[1], int(parts[2]))][int(parts[3])] = parts[4]
         elif kind == "waits":
@@ -94,6 +111,9 @@ def percentiles(prefix):
     """
     values = []
     for path in glob.glob(glob.escape(prefix) + ".*"):
+        # pgbench names them PREFIX.PID (the first thread) and PREFIX.PID.N: nothing else.
+        if not path[len(prefix) + 1:].replace(".", "").isdigit():
+            continue
         with open(path) as f:
             for line in f:
                 cols = line.split()
@@ -258,21 +278,105 @@ if ext_runs:
                  "-", "-" if least is None else f"min {least}",
                  "-", "-", "-", ">= 5", verdict(None if least is None else least >= 5)])
 
+# 6. the write paths users run: INSERT with a default, UPDATE of a version stamp, COPY
+def tps_row(label, cw, blabel, bw, c, target=None):
+    cand, base = tps.get((cw, c), {}), tps.get((bw, c), {})
+    if not cand and not base:
+        return
+    r = paired_ratio(cand, base)
+    row = [label, c, fmt_tps(med(cand.values())), blabel, fmt_tps(med(base.values())), fmt_ratio(r)]
+    if target is None:
+        rows.append(row + ["report", "-"])
+    else:
+        flag(row + [f">= {target:.2f}", verdict(None if r is None else r >= target)],
+             noisy(cand, base, busy_keys=[(cw, c), (bw, c)]))
+
+
+write_clients = sorted({c for (w, c) in tps if w.startswith(("ins_", "upd_"))})
+for c in write_clients:
+    tps_row("INSERT, ts DEFAULT tso_next()", "ins_tso", "ts DEFAULT clock_timestamp()", "ins_clock", c, 0.95)
+for c in write_clients:
+    tps_row("INSERT, ts DEFAULT tso_next()", "ins_tso", "ts DEFAULT nextval('s_ts')", "ins_seq", c)
+for c in write_clients:
+    tps_row("UPDATE SET version = tso_next()", "upd_tso", "version = clock_timestamp()", "upd_clock", c, 0.95)
+for c in write_clients:
+    tps_row("UPDATE SET version = tso_next()", "upd_tso", "version = version + 1", "upd_inc", c)
+
+
+def copy_rate(wl):
+    """rows/s of each COPY run of a workload: {rep: rows per second}."""
+    n = copy_rows.get(wl)
+    return {rep: n / (v / 1000.0) for rep, v in copy_ms.get(wl, {}).items() if n and v}
+
+
+def fmt_rows(v):
+    return "-" if v is None else f"{v:,.0f} rows/s"
+
+
+if copy_ms:
+    n_rows = next(iter(copy_rows.values()))
+    cand = copy_rate("copy_tso")
+    for bw, blabel, target in (("copy_clock", "ts DEFAULT clock_timestamp()", 0.95),
+                               ("copy_seq", "ts DEFAULT nextval('s_ts')", None)):
+        base = copy_rate(bw)
+        r = paired_ratio(cand, base)
+        row = [f"COPY {n_rows:,} rows, ts DEFAULT tso_next()", 1, fmt_rows(med(cand.values())), blabel,
+               fmt_rows(med(base.values())), fmt_ratio(r)]
+        if target is None:
+            rows.append(row + ["report", "-"])
+        else:
+            flag(row + [f">= {target:.2f}", verdict(None if r is None else r >= target)],
+                 noisy(cand, base, busy_keys=[("copy_tso", 1), (bw, 1)]))
+
+# 7. the scaling curve: SELECT 1 and tso_next() from 1 to 256 clients (closed loop)
+curve = {}   # (workload, clients) -> {"tps", "p50", "p99", "ratio", "busy"}
+for (wl, c) in sorted({(w[len("curve_"):], c) for (w, c) in tps if w.startswith("curve_")}):
+    runs = tps.get(("curve_" + wl, c), {})
+    pcts = {rep: p for (w, cc, rep), p in p99.items() if w == "curve_" + wl and cc == c and p}
+    curve[(wl, c)] = {
+        "tps": med(runs.values()),
+        "p50": med([p["p50"] for p in pcts.values()]),
+        "p99": med([p["p99"] for p in pcts.values()]),
+        "n": sum(p["n"] for p in pcts.values()),
+        "busy": max(busy.get(("curve_" + wl, c), {}).values(), default=None),
+        # seconds actually measured after connecting (pgbench's -T counts connecting too)
+        "window": min((txns.get(("curve_" + wl, c), {}).get(rep, 0) / t for rep, t in runs.items() if t),
+                      default=None),
+    }
+curve_clients = sorted({c for (_, c) in curve})
+
 # ---------------------------------------------------------------------------------------------
 out = []
 w = out.append
-w("tsoracle benchmark")
-w("==================")
+title = f"tsoracle benchmark on PostgreSQL {first('server_version')}"
+w(title)
+w("=" * len(title))
 w(f"machine : {first('cpus')} CPUs ({first('cpu_model')}), {first('memory')}, Linux {first('kernel')}")
 w(f"server  : {first('server')}")
+w(f"          from {first('pg_bin')}")
 w(f"tsoracle: {first('extension')}")
 w(f"load    : the machine was {first('busy_before')}% busy (other processes) in the 3 s before the run")
+gaps = [v for runs in busy.values() for v in runs.values()]
+if gaps:
+    gaps.sort()
+    p90 = gaps[min(len(gaps) - 1, int(0.9 * len(gaps)))]
+    w(f"noise   : foreign CPU (the machine's busy time minus this cluster's) in the 1 s gap after each run: "
+      f"median {statistics.median(gaps):.0f}%, 90th percentile {p90}%, max {gaps[-1]}% "
+      f"({len(gaps)} gaps, {sum(1 for g in gaps if g > NOISY_BUSY)} above {NOISY_BUSY}%)")
 w(f"settings: {first('settings')}")
 w(f"pgbench : {first('pgbench')}")
 w(f"          {first('bench')}")
 w(f"scripts : {first('scripts').strip()}")
 w(f"per call: psql \\timing of SELECT count(f()) FROM generate_series(1, {first('percall_n')}) in one session, "
   f"{first('percall_reps')} repetitions, order rotated")
+if copy_ms:
+    w(f"copy    : COPY t_<x> (v) FROM STDIN of {first('copy_rows')} rows through psql, wall time; "
+      f"{first('copy_reps')} repetitions, order rotated; TRUNCATE + CHECKPOINT before each")
+if write_clients:
+    w(f"writes  : INSERT and UPDATE runs as above, -D rows={first('update_rows')}; TRUNCATE (INSERT) or VACUUM "
+      "(UPDATE) + CHECKPOINT before each run")
+if curve:
+    w(f"curve   : {first('curve')}")
 w("")
 
 headers = ["workload", "clients", "result", "baseline", "baseline result", "ratio", "target", "verdict"]
@@ -335,11 +439,45 @@ else:
     w(f"  tso_seq: not available ({first('tso_seq')})")
 w("")
 
+# the scaling curve
+if curve:
+    w("scaling curve (closed loop, latency scripts; median over the repetitions; latency from the sampled")
+    w("per-transaction logs, in ms; ratio = tso_next() tps / SELECT 1 tps, paired as above)")
+    w("")
+    CURVE_SECS = float(first("curve_seconds", "0") or 0)
+    curve_short = []
+    hdr = ["clients", "SELECT 1 tps", "p50", "p99", "tso_next() tps", "p50", "p99", "ratio"]
+    body = []
+    for c in curve_clients:
+        a, b = curve.get(("select1", c), {}), curve.get(("tso_next", c), {})
+        r = paired_ratio(tps.get(("curve_tso_next", c), {}), tps.get(("curve_select1", c), {}))
+        suspect = max([x for x in (a.get("busy"), b.get("busy")) if x is not None], default=0) > NOISY_BUSY
+        short = [x for x in (a.get("window"), b.get("window")) if x is not None and x < 0.8 * CURVE_SECS]
+        if short:
+            curve_short.append((c, min(short)))
+        body.append([str(c), fmt_tps(a.get("tps")).replace(" tps", ""), fmt_lat(a.get("p50")), fmt_lat(a.get("p99")),
+                     fmt_tps(b.get("tps")).replace(" tps", ""), fmt_lat(b.get("p50")), fmt_lat(b.get("p99")),
+                     fmt_ratio(r) + (" *" if suspect else "")])
+    cw = [max(len(h), *(len(r[i]) for r in body)) for i, h in enumerate(hdr)]
+    w("| " + " | ".join(h.ljust(cw[i]) for i, h in enumerate(hdr)) + " |")
+    w("|" + "|".join("-" * (cw[i] + 1) + ":" for i in range(len(hdr))) + "|")
+    for r in body:
+        w("| " + " | ".join(r[i].rjust(cw[i]) for i in range(len(hdr))) + " |")
+    w("")
+    if any(r[-1].endswith("*") for r in body):
+        w(f"* more than {NOISY_BUSY}% foreign CPU in a gap next to one of the runs of that row")
+        w("")
+    for c, x in curve_short:
+        w(f"! c={c}: a run measured only {x:.1f} s after its clients had connected (intended {CURVE_SECS:.0f} s): "
+          "connecting ate into its -T; its figures are suspect")
+    if curve_short:
+        w("")
+
 # p99 detail
 if p99:
     w("latency detail (per-transaction logs; ms; p99_ = closed loop, p99r_ = open loop)")
     for (wl, c, rep), p in sorted(p99.items()):
-        if p:
+        if p and not wl.startswith("curve_"):
             w(f"  {wl:14s} c={c:<3d} rep {rep}: min {p['min']:.3f}  p50 {p['p50']:.3f}  p99 {p['p99']:.3f}  p99.9 {p['p999']:.3f}  "
               f"max {p['max']:.3f}  ({p['n']} transactions)")
     w("")
@@ -354,6 +492,10 @@ for (wl, c), runs in sorted(tps.items()):
                                             for r in sorted(runs)))
 for q, runs in sorted(ms.items()):
     w(f"  {EXPR.get(q, q):28s}: " + "  ".join(f"{runs[r]:,.1f}" for r in sorted(runs)))
+for wl, runs in sorted(copy_ms.items()):
+    b = busy.get((wl, 1), {})
+    w(f"  {wl + ' (ms)':28s}: " + "  ".join(f"{runs[r]:,.0f}" + (f" [{b[r]}%]" if r in b else "")
+                                           for r in sorted(runs)))
 if ms.get(empty_q):
     base = med(ms[empty_q].values())
     n = int(first("percall_n", "0")) or None
@@ -398,3 +540,50 @@ if problems not in ("0", "?"):
     w(f"server log: {problems} FATAL/PANIC/termination lines, e.g.: " + "; ".join(info.get("server_log", [])))
 
 print("\n".join(out))
+
+
+def draw_curve(path):
+    """Throughput and p50/p99 latency against clients, both workloads, into the PNG at path."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.8), dpi=100)
+    styles = {"select1": ("SELECT 1", "tab:gray", "s"), "tso_next": ("SELECT tso_next()", "tab:blue", "o")}
+    for wl, (label, color, marker) in styles.items():
+        cs = [c for c in curve_clients if curve.get((wl, c), {}).get("tps") is not None]
+        ax1.plot(cs, [curve[(wl, c)]["tps"] / 1000.0 for c in cs], marker=marker, color=color, label=label)
+        cs = [c for c in curve_clients if curve.get((wl, c), {}).get("p50") is not None]
+        ax2.plot(cs, [curve[(wl, c)]["p50"] for c in cs], marker=marker, color=color, label=f"{label}, p50")
+        ax2.plot(cs, [curve[(wl, c)]["p99"] for c in cs], marker=marker, color=color, linestyle="--",
+                 label=f"{label}, p99")
+    for ax in (ax1, ax2):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(curve_clients)
+        ax.set_xticklabels([str(c) for c in curve_clients])
+        ax.set_xlabel("clients (pgbench, closed loop)")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    ax1.set_ylabel("throughput (thousand transactions/s)")
+    ax1.set_ylim(bottom=0)
+    ax1.set_title("throughput")
+    ax2.set_yscale("log")
+    ax2.set_ylabel("latency (ms, log scale)")
+    ax2.set_title("latency: p50 (solid), p99 (dashed)")
+    fig.suptitle(f"tsoracle: SELECT tso_next() and SELECT 1 against the number of clients\n"
+                 f"PostgreSQL {first('server_version').split()[0]}, {first('cpus')} CPUs ({first('cpu_model')}), "
+                 f"pgbench -M prepared, {first('curve_seconds')} s runs, median of {first('curve_reps')}",
+                 fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+if args.plot:
+    if not curve:
+        print(f"report: no scaling-curve runs in {args.results}: {args.plot} not drawn", file=sys.stderr)
+    else:
+        tmp = args.plot + ".tmp.png"
+        draw_curve(tmp)
+        os.replace(tmp, args.plot)
+        print(f"report: scaling curve drawn into {args.plot}", file=sys.stderr)
