@@ -69,7 +69,7 @@ test-integration: $(addprefix test-integration-,$(TEST_MAJORS))
 test-integration-%: deps
 	bin=$$(scripts/test-pg.sh $* $(TEST_PG_ROOT)/pg$* $(TEST_PGRX_HOME)/pg$*) && \
 	scripts/install-ext.sh "$$(scripts/pg-install.sh $*)/pg_config" "$$bin/pg_config" && \
-	TSORACLE_PG_BIN="$$bin" cargo test -p tsoracle-tests \
+	TSORACLE_PG_BIN="$$bin" cargo test --no-fail-fast -p tsoracle-tests \
 		$(addprefix --test ,$(if $(filter $*,$(FULL_MAJORS)),$(FULL_SUITES),$(QUICK_SUITES))) \
 		-- --test-threads=$(TEST_THREADS)
 

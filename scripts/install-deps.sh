@@ -2,14 +2,14 @@
 # Install everything tsoracle needs to build and test, idempotently, on a Debian machine
 # (run as root): PostgreSQL 15 with its server headers (Debian's), PostgreSQL 16, 17 and 18
 # (scripts/pg-install.sh), clang for bindgen, sudo for `cargo pgrx test --runas`, Patroni and
-# etcd (server and etcdctl) for the high-availability tests, and
+# etcd (server and etcdctl) for the high-availability tests, patchelf (scripts/pg-install.sh), and
 # cargo-pgrx 0.18.0 initialised against every one of those installations.
 set -euo pipefail
 
 PGRX_VERSION=0.18.0
 HERE=$(cd "$(dirname "$0")" && pwd)
 APT_PACKAGES=(postgresql-15 postgresql-server-dev-15 postgresql-client-15 libclang-dev clang sudo pkg-config make
-              patroni etcd-server etcd-client)
+              patroni etcd-server etcd-client patchelf)
 
 missing=()
 for p in "${APT_PACKAGES[@]}"; do

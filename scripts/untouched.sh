@@ -13,7 +13,7 @@ file=${2:?usage: untouched.sh snapshot|check FILE}
 state() {
     local name bin pkglib share f pidfile pid
     for name in $(awk '$0 !~ /^#/ && NF {print $1}' scripts/postgresql-versions); do
-        bin=$(scripts/pg-install.sh "$name" 2>/dev/null) || continue
+        bin=$(PG_INSTALL_NO_FETCH=1 scripts/pg-install.sh "$name" 2>/dev/null) || continue
         pkglib=$("$bin/pg_config" --pkglibdir)
         share=$("$bin/pg_config" --sharedir)
         for f in "$pkglib/tsoracle.so" "$share/extension"/tsoracle*; do

@@ -10,31 +10,37 @@ LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
+    -- The upsert below fires this trigger again: let that row through.
+    IF pg_catalog.pg_trigger_depth() > 1 THEN
+        RETURN NEW;
+    END IF;
     IF NOT tsoracle.note_restore() THEN
         RETURN NEW;
     END IF;
+    -- An upsert, not "update, else insert": the worker may insert the same key between the
+    -- two (its first fence after CREATE EXTENSION, a new counter), and ON CONFLICT waits for
+    -- it and merges instead of failing the restore on the primary key.
     IF TG_TABLE_NAME = 'high_water' THEN
-        UPDATE tsoracle.high_water AS h
-           SET physical_ms = GREATEST(h.physical_ms, NEW.physical_ms),
-               epoch = GREATEST(h.epoch, NEW.epoch),
-               updated_at = now()
-         WHERE h.id = NEW.id;
+        INSERT INTO tsoracle.high_water AS h SELECT (NEW).*
+            ON CONFLICT (id) DO UPDATE
+            SET physical_ms = GREATEST(h.physical_ms, EXCLUDED.physical_ms),
+                epoch = GREATEST(h.epoch, EXCLUDED.epoch),
+                updated_at = now();
     ELSIF TG_TABLE_NAME = 'seq' THEN
-        UPDATE tsoracle.seq AS s
-           SET next = GREATEST(s.next, NEW.next),
-               owner = COALESCE(s.owner, NEW.owner),
-               updated_at = now()
-         WHERE s.key = NEW.key;
+        INSERT INTO tsoracle.seq AS s SELECT (NEW).*
+            ON CONFLICT (key) DO UPDATE
+            SET next = GREATEST(s.next, EXCLUDED.next),
+                owner = COALESCE(s.owner, EXCLUDED.owner),
+                updated_at = now();
     ELSIF TG_TABLE_NAME = 'lease' THEN
-        UPDATE tsoracle.lease AS l
-           SET ts_upper_bound_ms = GREATEST(l.ts_upper_bound_ms, NEW.ts_upper_bound_ms),
-               expires_at_ms = GREATEST(l.expires_at_ms, NEW.expires_at_ms)
-         WHERE l.lease_id = NEW.lease_id;
+        INSERT INTO tsoracle.lease AS l SELECT (NEW).*
+            ON CONFLICT (lease_id) DO UPDATE
+            SET ts_upper_bound_ms = GREATEST(l.ts_upper_bound_ms, EXCLUDED.ts_upper_bound_ms),
+                expires_at_ms = GREATEST(l.expires_at_ms, EXCLUDED.expires_at_ms);
+    ELSE
+        RETURN NEW;
     END IF;
-    IF FOUND THEN
-        RETURN NULL;  -- merged into the existing row
-    END IF;
-    RETURN NEW;
+    RETURN NULL;  -- inserted or merged above
 END
 $$;
 REVOKE EXECUTE ON FUNCTION tsoracle.merge_restored_row() FROM PUBLIC;

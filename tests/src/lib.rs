@@ -1,4 +1,4 @@
-//! Test harness for tsoracle: real PostgreSQL 15 clusters on loopback ports.
+//! Test harness for tsoracle: real PostgreSQL clusters (15 to 18, `TSORACLE_PG_BIN`) on loopback ports.
 //!
 //! * [`node`]: one cluster ([`Node`]): initdb, start/stop/restart, crash it, connect, configure,
 //!   base backups and promotion for replicas. Dropping a node stops it (immediate) and deletes its
