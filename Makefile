@@ -59,19 +59,23 @@ test-core:
 # nothing a test builds is ever written where a user's server loads its library from.
 test-pg: $(addprefix test-pg-,$(TEST_MAJORS))
 test-pg-%: deps
+	@echo "timing: test-pg-$* started at $$(date +%s)"
 	scripts/test-pg.sh $* $(TEST_PG_ROOT)/pg$* $(TEST_PGRX_HOME)/pg$* >/dev/null
 	rm -rf $(PGRX_TEST_PGDATA)-$* && install -d -o postgres -g postgres $(PGRX_TEST_PGDATA)-$*
 	PGRX_HOME=$(TEST_PGRX_HOME)/pg$* cargo pgrx test pg$* --runas postgres --pgdata $(PGRX_TEST_PGDATA)-$*
+	@echo "timing: test-pg-$* ended at $$(date +%s)"
 
 # The integration tests load the extension installed in the private copy, into clusters
 # they start themselves from its binaries.
 test-integration: $(addprefix test-integration-,$(TEST_MAJORS))
 test-integration-%: deps
+	@echo "timing: test-integration-$* started at $$(date +%s)"
 	bin=$$(scripts/test-pg.sh $* $(TEST_PG_ROOT)/pg$* $(TEST_PGRX_HOME)/pg$*) && \
 	scripts/install-ext.sh "$$(scripts/pg-install.sh $*)/pg_config" "$$bin/pg_config" && \
 	TSORACLE_PG_BIN="$$bin" cargo test --no-fail-fast -p tsoracle-tests \
 		$(addprefix --test ,$(if $(filter $*,$(FULL_MAJORS)),$(FULL_SUITES),$(QUICK_SUITES))) \
 		-- --test-threads=$(TEST_THREADS)
+	@echo "timing: test-integration-$* ended at $$(date +%s)"
 
 # pg_upgrade from the oldest to the newest supported major (tests/tests/upgrade.rs).
 test-upgrade: deps
