@@ -21,6 +21,9 @@ TEST_THREADS ?= 2
 # One copy per work tree and major: $(TEST_PG_ROOT)/pgNN.
 TEST_PG_ROOT ?= /tmp/tsoracle-test-$(shell printf %s "$(CURDIR)" | md5sum | cut -c1-8)
 TEST_PGRX_HOME ?= $(CURDIR)/target/pgrx-home
+# $(call test_pg,MAJOR[,--install]): make the private copy of MAJOR's installation (with this
+# tree's build in it if --install) and print its bin directory.
+test_pg = scripts/test-pg.sh $(2) $(1) $(TEST_PG_ROOT)/pg$(1) $(TEST_PGRX_HOME)/pg$(1)
 
 .PHONY: run stop test test-core test-pg test-integration test-upgrade test-install test-package \
 	test-snapshot test-untouched install deps \
@@ -60,7 +63,7 @@ test-core:
 test-pg: $(addprefix test-pg-,$(TEST_MAJORS))
 test-pg-%: deps
 	@echo "timing: test-pg-$* started at $$(date +%s)"
-	scripts/test-pg.sh $* $(TEST_PG_ROOT)/pg$* $(TEST_PGRX_HOME)/pg$* >/dev/null
+	$(call test_pg,$*) >/dev/null
 	rm -rf $(PGRX_TEST_PGDATA)-$* && install -d -o postgres -g postgres $(PGRX_TEST_PGDATA)-$*
 	PGRX_HOME=$(TEST_PGRX_HOME)/pg$* cargo pgrx test pg$* --runas postgres --pgdata $(PGRX_TEST_PGDATA)-$*
 	@echo "timing: test-pg-$* ended at $$(date +%s)"
@@ -70,8 +73,7 @@ test-pg-%: deps
 test-integration: $(addprefix test-integration-,$(TEST_MAJORS))
 test-integration-%: deps
 	@echo "timing: test-integration-$* started at $$(date +%s)"
-	bin=$$(scripts/test-pg.sh $* $(TEST_PG_ROOT)/pg$* $(TEST_PGRX_HOME)/pg$*) && \
-	scripts/install-ext.sh "$$(scripts/pg-install.sh $*)/pg_config" "$$bin/pg_config" && \
+	bin=$$($(call test_pg,$*,--install)) && \
 	TSORACLE_PG_BIN="$$bin" cargo test --no-fail-fast -p tsoracle-tests \
 		$(addprefix --test ,$(if $(filter $*,$(FULL_MAJORS)),$(FULL_SUITES),$(QUICK_SUITES))) \
 		-- --test-threads=$(TEST_THREADS)
@@ -79,17 +81,14 @@ test-integration-%: deps
 
 # pg_upgrade from the oldest to the newest supported major (tests/tests/upgrade.rs).
 test-upgrade: deps
-	old=$$(scripts/test-pg.sh $(UPGRADE_FROM) $(TEST_PG_ROOT)/pg$(UPGRADE_FROM) $(TEST_PGRX_HOME)/pg$(UPGRADE_FROM)) && \
-	new=$$(scripts/test-pg.sh $(UPGRADE_TO) $(TEST_PG_ROOT)/pg$(UPGRADE_TO) $(TEST_PGRX_HOME)/pg$(UPGRADE_TO)) && \
-	CARGO_TARGET_DIR=target/$(UPGRADE_FROM) scripts/install-ext.sh "$$(scripts/pg-install.sh $(UPGRADE_FROM))/pg_config" "$$old/pg_config" && \
-	scripts/install-ext.sh "$$(scripts/pg-install.sh $(UPGRADE_TO))/pg_config" "$$new/pg_config" && \
+	old=$$(CARGO_TARGET_DIR=target/$(UPGRADE_FROM) $(call test_pg,$(UPGRADE_FROM),--install)) && \
+	new=$$($(call test_pg,$(UPGRADE_TO),--install)) && \
 	TSORACLE_UPGRADE_FROM_BIN="$$old" TSORACLE_PG_BIN="$$new" cargo test -p tsoracle-tests --test upgrade
 
 # Installing a different build under load (tests/tests/install.rs), on PG_MAJOR.
 test-install: deps
 	sys=$$(scripts/pg-install.sh $(PG_MAJOR)) && \
-	bin=$$(scripts/test-pg.sh $(PG_MAJOR) $(TEST_PG_ROOT)/pg$(PG_MAJOR) $(TEST_PGRX_HOME)/pg$(PG_MAJOR)) && \
-	scripts/install-ext.sh "$$sys/pg_config" "$$bin/pg_config" && \
+	bin=$$($(call test_pg,$(PG_MAJOR),--install)) && \
 	TSORACLE_BUILD_PG_CONFIG="$$sys/pg_config" TSORACLE_PG_BIN="$$bin" cargo test -p tsoracle-tests --test install
 
 ## Debian packages, one per supported major, in target/packages (scripts/package-deb.sh).

@@ -163,18 +163,8 @@ PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); p
 [ "$PORT" != 55432 ] || PORT=55433
 
 echo "==> initdb $DATA (port $PORT)" >&2
-as_pg "$BIN/initdb" -D "$DATA" -U postgres --auth=trust -E UTF8 >"$WORK/initdb.log" 2>&1 \
-    || { cat "$WORK/initdb.log" >&2; die "initdb failed"; }
-cat >>"$DATA/postgresql.conf" <<CONF
-# --- tsoracle benchmark cluster ---
-listen_addresses = '127.0.0.1'
-port = $PORT
-unix_socket_directories = '$WORK'
-max_connections = $MAX_CONN
-jit = off
-shared_preload_libraries = 'tsoracle'
-tsoracle.database = 'postgres'
-CONF
+"$ROOT/scripts/init-cluster.sh" "$BIN" "$DATA" "$PORT" "$WORK" "max_connections=$MAX_CONN" "jit=off" \
+    || die "initdb failed"
 as_pg "$BIN/pg_ctl" -D "$DATA" -l "$LOG" -w -t 60 start >/dev/null \
     || { tail -n 30 "$LOG" >&2; die "the cluster did not start"; }
 

@@ -28,15 +28,7 @@ mkdir -p "$RUN"
 chown postgres:postgres "$ROOT/.run" "$RUN"
 if [ ! -s "$DATA/PG_VERSION" ]; then
     echo "==> initdb $DATA"
-    as_pg "$BIN/initdb" -D "$DATA" -U postgres --auth=trust -E UTF8 >/dev/null
-    cat >>"$DATA/postgresql.conf" <<CONF
-# --- tsoracle demo cluster ---
-listen_addresses = '127.0.0.1'
-port = $PORT
-unix_socket_directories = '$RUN'
-shared_preload_libraries = 'tsoracle'
-tsoracle.database = 'postgres'
-CONF
+    "$ROOT/scripts/init-cluster.sh" "$BIN" "$DATA" "$PORT" "$RUN"
 fi
 
 if as_pg "$BIN/pg_ctl" -D "$DATA" status >/dev/null 2>&1; then

@@ -82,14 +82,7 @@ if dpkg -i "$deb" >/dev/null; then ok "dpkg -i $(basename "$deb")"; else fail "d
 dpkg -L "$name" | grep -qx "$LIB/tsoracle.so" && ok "dpkg -L lists $LIB/tsoracle.so" || fail "dpkg -L $name"
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 chown postgres:postgres "$work"
-runuser -u postgres -- "$BIN/initdb" -D "$work/data" -U postgres --auth=trust -E UTF8 --locale=C --no-sync >/dev/null
-cat >>"$work/data/postgresql.conf" <<CONF
-listen_addresses = '127.0.0.1'
-port = $port
-unix_socket_directories = '$work'
-shared_preload_libraries = 'tsoracle'
-tsoracle.database = 'postgres'
-CONF
+scripts/init-cluster.sh "$BIN" "$work/data" "$port" "$work"
 runuser -u postgres -- "$BIN/pg_ctl" -D "$work/data" -l "$work/server.log" -w start >/dev/null
 psql=("$BIN/psql" -X -q -At -h 127.0.0.1 -p "$port" -U postgres -d postgres -v ON_ERROR_STOP=1)
 "${psql[@]}" -c "CREATE EXTENSION tsoracle"

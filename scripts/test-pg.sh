@@ -10,13 +10,17 @@
 # its binaries, and pg_config reports the copy's own paths. The source is the installation
 # scripts/pg-install.sh gives for MAJOR (Debian's layout for 15, one prefix for the others).
 #
-# Usage: scripts/test-pg.sh MAJOR ROOT PGRX_HOME   (MAJOR: a name of scripts/postgresql-versions)
+# Usage: scripts/test-pg.sh [--install] MAJOR ROOT PGRX_HOME
+#   MAJOR: a name of scripts/postgresql-versions. --install: also install this tree's build
+#   into the copy (scripts/install-ext.sh, built against the installation the copy is of).
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 
-MAJOR=${1:?usage: test-pg.sh MAJOR ROOT PGRX_HOME}
-ROOT=${2:?usage: test-pg.sh MAJOR ROOT PGRX_HOME}
-PGRX_HOME_DIR=${3:?usage: test-pg.sh MAJOR ROOT PGRX_HOME}
+install=0
+if [ "${1:-}" = --install ]; then install=1; shift; fi
+MAJOR=${1:?usage: test-pg.sh [--install] MAJOR ROOT PGRX_HOME}
+ROOT=${2:?usage: test-pg.sh [--install] MAJOR ROOT PGRX_HOME}
+PGRX_HOME_DIR=${3:?usage: test-pg.sh [--install] MAJOR ROOT PGRX_HOME}
 SYSTEM_BIN=$("$HERE/pg-install.sh" "$MAJOR")
 
 # Copy, then replace the old copy (never from a copy that still holds a tsoracle build: the
@@ -50,6 +54,9 @@ case "$pkglibdir" in
 esac
 # Only the tests' own builds go in there.
 rm -f "$pkglibdir/tsoracle.so" "$sharedir/extension"/tsoracle*
+if [ "$install" = 1 ]; then
+    "$HERE/install-ext.sh" "$SYSTEM_BIN/pg_config" "$PRIVATE_CONFIG" >&2
+fi
 
 if ! grep -qsF "pg${MAJOR%%-*} = \"$PRIVATE_CONFIG\"" "$PGRX_HOME_DIR/config.toml"; then
     mkdir -p "$PGRX_HOME_DIR"

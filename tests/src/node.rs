@@ -255,7 +255,7 @@ impl Node {
             .arg("--new-datadir")
             .arg(&new.datadir)
             .args(["--old-port", &old.port().to_string(), "--new-port", &new.port().to_string()])
-            .args(["--socketdir"])
+            .arg("--socketdir")
             .arg(&new.base)
             .args(["--copy", "--no-sync", "-U", "postgres"]);
         match run_cmd(cmd, Duration::from_secs(600)) {
@@ -768,9 +768,7 @@ impl Node {
 
     /// The last `lines` lines of the server log.
     pub fn log_tail(&self, lines: usize) -> String {
-        let all = self.log_contents();
-        let v: Vec<&str> = all.lines().collect();
-        v[v.len().saturating_sub(lines)..].join("\n")
+        last_lines(&self.log_contents(), lines)
     }
 
     /// Print the tail of the server log to stderr (done automatically when a test panics).
@@ -941,7 +939,12 @@ pub(crate) fn scrub_env(cmd: &mut Command) {
     cmd.env("LC_ALL", "C");
 }
 
-/// Run a command with a time bound; Ok(stdout) when it exits 0.
+/// The last `n` lines of `text`.
+pub(crate) fn last_lines(text: &str, n: usize) -> String {
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(n)..].join("\n")
+}
+
 /// The error lines and the last `lines` lines of every `*.log` file under `dir` (pg_upgrade's
 /// logs).
 fn tail_of_logs(dir: &Path, lines: usize) -> String {
@@ -955,17 +958,15 @@ fn tail_of_logs(dir: &Path, lines: usize) -> String {
                 stack.push(path);
             } else if path.extension().is_some_and(|e| e == "log") {
                 let text = fs::read_to_string(&path).unwrap_or_default();
-                let all: Vec<&str> = text.lines().collect();
-                let errors: Vec<&str> = all
-                    .iter()
-                    .copied()
+                let errors: Vec<&str> = text
+                    .lines()
                     .filter(|l| l.contains("error") || l.contains("ERROR") || l.contains("FATAL"))
                     .collect();
-                let tail = all[all.len().saturating_sub(lines)..].join("\n");
                 out.push_str(&format!(
-                    "--- {} (errors, then the last {lines} lines):\n{}\n...\n{tail}\n",
+                    "--- {} (errors, then the last {lines} lines):\n{}\n...\n{}\n",
                     path.display(),
-                    errors.join("\n")
+                    errors.join("\n"),
+                    last_lines(&text, lines)
                 ));
             }
         }
@@ -973,6 +974,7 @@ fn tail_of_logs(dir: &Path, lines: usize) -> String {
     out
 }
 
+/// Run a command with a time bound; Ok(stdout) when it exits 0.
 pub(crate) fn run_cmd(mut cmd: Command, timeout: Duration) -> Result<String> {
     let desc = format!("{cmd:?}");
     cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());

@@ -448,8 +448,7 @@ fn signal(pids: &[i32], sig: i32) {
 
 fn read_tail(path: &Path, lines: usize) -> String {
     let text = fs::read(path).map(|b| String::from_utf8_lossy(&b).into_owned()).unwrap_or_default();
-    let v: Vec<&str> = text.lines().collect();
-    v[v.len().saturating_sub(lines)..].join("\n")
+    crate::node::last_lines(&text, lines)
 }
 
 // ================================================================================ HTTP

@@ -22,6 +22,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use tsoracle_tests::node::pg_bin_dir;
+use tsoracle_tests::tso;
 use tsoracle_tests::{ops, serving_node, History, Load, LoadOptions, NodeOpts, StopMode};
 
 fn install(profile: &str, build_pg_config: &Path, dest_pg_config: &Path) {
@@ -37,11 +38,7 @@ fn install(profile: &str, build_pg_config: &Path, dest_pg_config: &Path) {
 }
 
 fn worker_pid(node: &tsoracle_tests::Node) -> i32 {
-    let mut c = node.connect();
-    c.query_one("SELECT worker_pid FROM tso_status()", &[])
-        .and_then(|r| r.try_get::<_, Option<i32>>(0))
-        .expect("tso_status()")
-        .expect("a worker pid")
+    tso::status(&mut node.connect()).expect("tso_status()").worker_pid.expect("a worker pid")
 }
 
 #[test]

@@ -24,9 +24,7 @@ use tsoracle_tests::tso::{self, durable_high_water};
 use tsoracle_tests::{now_ms, pg_error_string, physical, serving_node, NodeOpts, StopMode};
 
 fn server_major(c: &mut Client) -> i32 {
-    let num: String = c
-        .query_one("SHOW server_version_num", &[])
-        .and_then(|r| r.try_get(0))
+    let num = tso::show(c, "server_version_num")
         .unwrap_or_else(|e| panic!("SHOW server_version_num: {}", pg_error_string(&e)));
     num.parse::<i32>().expect("server_version_num is a number") / 10000
 }
