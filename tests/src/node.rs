@@ -578,6 +578,19 @@ impl Node {
     /// SIGKILL one process of this node (a backend, the tsoracle worker...). Refuses pids
     /// that are not descendants of this node's postmaster.
     pub fn kill9_pid(&self, pid: i32) -> Result<()> {
+        self.kill9_pid_when(pid, Duration::ZERO, || true).map(|_| ())
+    }
+
+    /// SIGKILL one process of this node (checked as [`Node::kill9_pid`] does) at the first
+    /// moment `ready()` says so, polling it for at most `timeout` (at least once): the check
+    /// is made once, before polling, so nothing stands between the poll that saw the moment
+    /// and the kill. False (and no kill) if the moment never came.
+    pub fn kill9_pid_when(
+        &self,
+        pid: i32,
+        timeout: Duration,
+        mut ready: impl FnMut() -> bool,
+    ) -> Result<bool> {
         let pm = self
             .postmaster_pid()
             .ok_or_else(|| HarnessError::Other(format!("node {}: not running", self.name)))?;
@@ -587,14 +600,22 @@ impl Node {
                 self.name
             )));
         }
-        // SAFETY: kill(2) on a checked pid.
-        if unsafe { libc::kill(pid, libc::SIGKILL) } != 0 {
-            return Err(HarnessError::io(
-                format!("kill -9 {pid}"),
-                std::io::Error::last_os_error(),
-            ));
+        let deadline = Instant::now() + timeout;
+        loop {
+            if ready() {
+                // SAFETY: kill(2) on a pid checked above (a process of this server).
+                if unsafe { libc::kill(pid, libc::SIGKILL) } != 0 {
+                    return Err(HarnessError::io(
+                        format!("kill -9 {pid}"),
+                        std::io::Error::last_os_error(),
+                    ));
+                }
+                return Ok(true);
+            }
+            if Instant::now() >= deadline {
+                return Ok(false);
+            }
         }
-        Ok(())
     }
 
     /// Pids of the postmaster's direct children (backends, auxiliary processes, workers).

@@ -321,6 +321,65 @@ fn kill9_worker_under_load_grants_no_block_twice() {
     crash_under_load("seq-kill9-worker", Crash::Worker);
 }
 
+/// kill -9 of the worker at the moment it is seen flushing (`pg_stat_activity`: `WALSync`),
+/// three times under one 16-session load. A group's commit record has then reached the
+/// kernel (WAL is written before it is flushed, and a process kill loses nothing written), so
+/// recovery keeps it, but its callers were not answered: their blocks must be burnt, never
+/// granted to a later call. The history check of the tests above holds (no block twice, every
+/// gap explained by failed calls), and at least one crash burnt a block: a kill did land
+/// after a group's commit and before its caller read the answer.
+#[test]
+fn kill9_while_the_worker_flushes_never_grants_the_groups_blocks() {
+    let node = serving_node("seq-kill9-flush", NodeOpts::new());
+    let keys = ["k1", "k2", "k3"];
+    let history = DenseHistory::new();
+    let opts = SeqLoadOptions::new(16, Duration::from_secs(180), &keys);
+    let load = SeqLoad::start(node.endpoint(), opts, history.clone());
+
+    for round in 1..=3 {
+        let t0 = Instant::now();
+        wait_ok_calls(&history, t0, 300, &format!("before crash {round}"));
+        let mut c = node.connect();
+        let wpid = counters(&mut c).worker_pid.expect("worker_pid while serving");
+        // The wait event is WALSync up to PostgreSQL 16, WalSync from 17.
+        let flushing = |w: Option<(Option<String>, Option<String>)>| matches!(w, Some((_, Some(e))) if e.eq_ignore_ascii_case("WALSync"));
+        let killed = node
+            .kill9_pid_when(wpid, Duration::from_secs(30), || flushing(worker_wait(&mut c, wpid)))
+            .unwrap();
+        assert!(killed, "crash {round}: the worker (pid {wpid}) was never seen in WALSync");
+        drop(c);
+        wait_for(&format!("a new worker after crash {round}"), Duration::from_secs(60), || {
+            node.wait_serving().unwrap_or_else(|e| panic!("not serving after crash {round}: {e}"));
+            let st = counters(&mut node.connect());
+            st.worker_pid.is_some() && st.worker_pid != Some(wpid)
+        });
+    }
+    let up = Instant::now();
+    wait_ok_calls(&history, up, 300, "after the last crash");
+    let stats = load.stop_and_join();
+    for (code, n) in &stats.errors_by_sqlstate {
+        assert!(
+            outage_error(code),
+            "{n} calls failed with SQLSTATE {code}, which an outage does not explain: {stats:?}"
+        );
+    }
+
+    let mut c = node.connect();
+    let totals = totals_of(&mut c, &keys);
+    let report = check_history(&history, &totals, &stats);
+    let burnt: i64 =
+        report.keys.values().flat_map(|r| r.gaps.iter()).map(|(from, to)| to - from).sum();
+    eprintln!(
+        "kill -9 in WALSync x3: {} ok calls, errors {:?}; totals {totals:?}; {burnt} values burnt",
+        stats.ok_calls(),
+        stats.errors_by_sqlstate
+    );
+    assert!(burnt > 0, "no crash left a committed, unanswered block: the window was missed");
+    for k in keys {
+        assert_eq!(seq_ok(&mut c, k, 1), totals[k], "key {k}: the next block starts at the total");
+    }
+}
+
 // ============================================================================ 3
 
 /// A block is not returned by the caller's ROLLBACK (explicit, or after an error in the
