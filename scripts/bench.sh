@@ -324,12 +324,19 @@ run_pgbench() {
 }
 
 # interleave CLIENTS REP WORKLOAD...: run the workloads once each, order rotated by REP.
+# rotated REP ITEM...: the items, one per line, rotated left by REP (the order of repetition
+# REP, so that no workload always runs first or right after the same other one).
+rotated() {
+    local rep=$1
+    shift
+    local list=("$@") n=$# i
+    for ((i = 0; i < n; i++)); do echo "${list[(i + rep) % n]}"; done
+}
+
 interleave() {
-    local clients=$1 rep=$2
+    local clients=$1 rep=$2 w
     shift 2
-    local list=("$@") n=$#
-    for i in $(seq 0 $((n - 1))); do
-        local w=${list[$(( (i + rep) % n ))]}
+    for w in $(rotated "$rep" "$@"); do
         run_pgbench "$w" "$w" "$clients" "$rep"
     done
 }
@@ -386,9 +393,7 @@ if [ "$SEQ_OK" = 1 ]; then
     echo "==> tso_seq('k', 100) vs counter-table UPDATE ... RETURNING vs nextval('s100') (clients: $CLIENTS)" >&2
     for c in $CLIENTS; do
         for r in $(seq 1 "$REPS"); do
-            list=(tso_seq counter nextval100)
-            for i in 0 1 2; do
-                w=${list[$(( (i + r) % 3 ))]}
+            for w in $(rotated "$r" tso_seq counter nextval100); do
                 [ "$w" = tso_seq ] && status_rec "seq_before.c$c.r$r"
                 run_pgbench "$w" "$w" "$c" "$r"
                 [ "$w" = tso_seq ] && status_rec "seq_after.c$c.r$r"
@@ -413,13 +418,11 @@ write_prep() {
 write_rows() {
     local c=$1
     shift
-    local list=() extra=() r i w
+    local list=() extra=() r w
     while [ $# -gt 0 ] && [ "$1" != -- ]; do list+=("$1"); shift; done
     [ $# -gt 0 ] && { shift; extra=("$@"); }
-    local n=${#list[@]}
     for r in $(seq 1 "$REPS"); do
-        for i in $(seq 0 $((n - 1))); do
-            w=${list[$(( (i + r) % n ))]}
+        for w in $(rotated "$r" "${list[@]}"); do
             check_server
             write_prep "$w" || die "preparing $w failed"
             run_pgbench "$w" "$w" "$c" "$r" "${extra[@]}"
@@ -440,10 +443,8 @@ echo "==> COPY t(v) FROM STDIN, $COPY_ROWS rows, ts DEFAULT tso_next() vs clock_
 seq 1 "$COPY_ROWS" >"$WORK/copy.data"
 rec info copy_rows "$COPY_ROWS"
 rec info copy_reps "$COPY_REPS"
-copy_list=(tso clock seq)
 for r in $(seq 1 "$COPY_REPS"); do
-    for i in 0 1 2; do
-        x=${copy_list[$(( (i + r) % 3 ))]}
+    for x in $(rotated "$r" tso clock seq); do
         check_server
         write_prep "ins_$x" || die "preparing the COPY into t_$x failed"
         t0=$(date +%s%N)
@@ -488,9 +489,7 @@ rec info p99_rate "$P99_RATE"
 status_rec p99_start
 for r in $(seq 1 "$REPS"); do
     for shape in closed open; do
-        list=(select1 tso_next)
-        for i in 0 1; do
-            w=${list[$(( (i + r) % 2 ))]}
+        for w in $(rotated "$r" select1 tso_next); do
             if [ "$shape" = closed ]; then
                 name="p99_$w" c=$P99_CLIENTS extra=()
             else
@@ -518,9 +517,7 @@ if [ -n "$CURVE_CLIENTS" ]; then
     RUN_SECS=3 run_pgbench warmup lat_select1 "$(echo $CURVE_CLIENTS | awk '{print $NF}')" 0 2>/dev/null
     for c in $CURVE_CLIENTS; do
         for r in $(seq 1 "$CURVE_REPS"); do
-            list=(select1 tso_next)
-            for i in 0 1; do
-                w=${list[$(( (i + r) % 2 ))]}
+            for w in $(rotated "$r" select1 tso_next); do
                 # pgbench's -T clock includes connecting (a few seconds for 256 clients on a
                 # loaded machine): one more second per 64 clients; the report flags runs that
                 # still measured less than the intended time (transactions / tps).

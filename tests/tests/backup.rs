@@ -41,8 +41,8 @@ use tsoracle_tests::node::CONNECT_TIMEOUT;
 use tsoracle_tests::seqlease::{lease_rows, peek, seq, seq_totals, LeaseRow};
 use tsoracle_tests::tso::{self, durable_high_water, status, tso_next, tso_seed, TsoStatus};
 use tsoracle_tests::{
-    expect_sqlstate, now_ms, ops, pg_error_string, physical, DenseHistory, Endpoint, History, Load,
-    LoadOptions, Node, NodeOpts, StopMode,
+    expect_sqlstate, now_ms, ops, pg_error_string, physical, serving_node, DenseHistory, Endpoint,
+    History, Load, LoadOptions, Node, NodeOpts, StopMode,
 };
 
 const HOUR_MS: i64 = 3_600_000;
@@ -92,6 +92,47 @@ fn one_i64(c: &mut Client, sql: &str) -> i64 {
 #[track_caller]
 fn one_text(c: &mut Client, sql: &str) -> String {
     c.query_one(sql, &[]).unwrap_or_else(|e| panic!("{sql}: {}", pg_error_string(&e))).get(0)
+}
+
+/// What the extension is made of, one line per object, comparable between clusters: every
+/// member function (its full definition and privileges), every member table's columns
+/// (name, type, nullability, default), constraints, triggers and privileges, and the other
+/// members by identity. Names, never OIDs; sorted.
+fn extension_schema(c: &mut Client) -> Vec<String> {
+    let sql = "\
+        WITH m AS (
+            SELECT d.classid, d.objid FROM pg_catalog.pg_depend d
+              JOIN pg_catalog.pg_extension e ON e.oid = d.refobjid
+             WHERE d.refclassid = 'pg_catalog.pg_extension'::regclass AND d.deptype = 'e'
+               AND e.extname = 'tsoracle')
+        SELECT 'function ' || pg_catalog.pg_get_functiondef(p.oid) || ' acl ' || coalesce(p.proacl::text, '-')
+          FROM m JOIN pg_catalog.pg_proc p ON m.classid = 'pg_catalog.pg_proc'::regclass AND p.oid = m.objid
+        UNION ALL
+        SELECT 'table ' || r.oid::regclass::text || ' acl ' || coalesce(r.relacl::text, '-')
+          FROM m JOIN pg_catalog.pg_class r ON m.classid = 'pg_catalog.pg_class'::regclass AND r.oid = m.objid
+        UNION ALL
+        SELECT 'column ' || a.attrelid::regclass::text || '.' || a.attname || ' '
+               || pg_catalog.format_type(a.atttypid, a.atttypmod) || (CASE WHEN a.attnotnull THEN ' not null' ELSE '' END)
+               || coalesce(' default ' || pg_catalog.pg_get_expr(ad.adbin, ad.adrelid), '')
+          FROM m JOIN pg_catalog.pg_attribute a ON m.classid = 'pg_catalog.pg_class'::regclass AND a.attrelid = m.objid
+          LEFT JOIN pg_catalog.pg_attrdef ad ON ad.adrelid = a.attrelid AND ad.adnum = a.attnum
+         WHERE a.attnum > 0 AND NOT a.attisdropped
+        UNION ALL
+        SELECT 'constraint ' || co.conrelid::regclass::text || ' ' || co.conname || ' ' || pg_catalog.pg_get_constraintdef(co.oid)
+          FROM m JOIN pg_catalog.pg_constraint co ON m.classid = 'pg_catalog.pg_class'::regclass AND co.conrelid = m.objid
+        UNION ALL
+        SELECT 'trigger ' || pg_catalog.pg_get_triggerdef(t.oid)
+          FROM m JOIN pg_catalog.pg_trigger t ON m.classid = 'pg_catalog.pg_class'::regclass AND t.tgrelid = m.objid
+         WHERE NOT t.tgisinternal
+        UNION ALL
+        SELECT 'member ' || pg_catalog.pg_describe_object(m.classid, m.objid, 0)
+          FROM m WHERE m.classid NOT IN ('pg_catalog.pg_proc'::regclass, 'pg_catalog.pg_class'::regclass)
+        ORDER BY 1";
+    c.query(sql, &[])
+        .unwrap_or_else(|e| panic!("the extension's schema: {}", pg_error_string(&e)))
+        .iter()
+        .map(|r| r.get(0))
+        .collect()
 }
 
 /// `tso_next()` on `c`, recorded in `history` like a load's call.
@@ -732,6 +773,20 @@ fn alter_extension_update_from_0_1_0_under_load_keeps_every_guarantee() {
         one_text(&mut c, "SELECT extversion FROM pg_extension WHERE extname = 'tsoracle'"),
         "0.2.0"
     );
+    // The update script and the install script define the same objects twice: what the
+    // update leaves must be exactly what a fresh CREATE EXTENSION makes.
+    {
+        let fresh = serving_node("upgrade-fresh", NodeOpts::new());
+        let want = extension_schema(&mut fresh.connect());
+        let got = extension_schema(&mut c);
+        let missing: Vec<&String> = want.iter().filter(|l| !got.contains(l)).collect();
+        let extra: Vec<&String> = got.iter().filter(|l| !want.contains(l)).collect();
+        assert!(
+            missing.is_empty() && extra.is_empty() && want.len() > 20,
+            "0.1.0 updated to 0.2.0 differs from a fresh 0.2.0 ({} objects): missing {missing:#?}, extra {extra:#?}",
+            want.len()
+        );
+    }
     assert_eq!(
         one_text(&mut c, "SELECT pg_postmaster_start_time()::text"),
         started_at,

@@ -94,6 +94,32 @@ fn worker_wait(c: &mut Client, pid: i32) -> Option<(Option<String>, Option<Strin
         .map(|r| (r.get(0), r.get(1)))
 }
 
+/// Is the worker flushing WAL (its wait event WALSync up to PostgreSQL 16, WalSync from 17)?
+fn worker_flushing(c: &mut Client, pid: i32) -> bool {
+    matches!(worker_wait(c, pid), Some((_, Some(e))) if e.eq_ignore_ascii_case("WALSync"))
+}
+
+/// Wait (bounded) until the node serves again from a worker other than `old_pid`.
+#[track_caller]
+fn wait_new_worker(node: &Node, old_pid: Option<i32>, after: &str) {
+    wait_for(&format!("a new worker after {after}"), Duration::from_secs(60), || {
+        node.wait_serving().unwrap_or_else(|e| panic!("not serving after {after}: {e}"));
+        let st = counters(&mut node.connect());
+        st.worker_pid.is_some() && st.worker_pid != old_pid
+    });
+}
+
+/// Every failed call failed with an error that an outage explains.
+#[track_caller]
+fn assert_only_outage_errors(stats: &SeqLoadStats) {
+    for (code, n) in &stats.errors_by_sqlstate {
+        assert!(
+            outage_error(code),
+            "{n} calls failed with SQLSTATE {code}, which an outage does not explain: {stats:?}"
+        );
+    }
+}
+
 /// Wait (bounded) until the worker waits on a heavyweight lock.
 #[track_caller]
 fn wait_worker_blocked(c: &mut Client, pid: i32) {
@@ -267,11 +293,7 @@ fn crash_under_load(name: &str, how: Crash) {
         }
     }
     // A fresh session may still see the old worker until the postmaster has noticed.
-    wait_for(&format!("a new worker after {how:?}"), Duration::from_secs(60), || {
-        node.wait_serving().unwrap_or_else(|e| panic!("not serving after {how:?}: {e}"));
-        let st = counters(&mut node.connect());
-        st.worker_pid.is_some() && st.worker_pid != before.worker_pid
-    });
+    wait_new_worker(&node, before.worker_pid, &format!("{how:?}"));
     let up = Instant::now();
     wait_ok_calls(&history, up, 300, "after the restart");
     std::thread::sleep(Duration::from_millis(2_500).saturating_sub(up.elapsed()));
@@ -280,13 +302,7 @@ fn crash_under_load(name: &str, how: Crash) {
         assert_eq!(node.postmaster_pid(), pm, "the postmaster itself stayed up");
     }
 
-    // Every failure is one the outage explains.
-    for (code, n) in &stats.errors_by_sqlstate {
-        assert!(
-            outage_error(code),
-            "{n} calls failed with SQLSTATE {code}, which an outage does not explain: {stats:?}"
-        );
-    }
+    assert_only_outage_errors(&stats);
     assert!(stats.err_calls >= 1, "the crash interrupted no call at all? {stats:?}");
 
     let mut c = node.connect();
@@ -341,28 +357,17 @@ fn kill9_while_the_worker_flushes_never_grants_the_groups_blocks() {
         wait_ok_calls(&history, t0, 300, &format!("before crash {round}"));
         let mut c = node.connect();
         let wpid = counters(&mut c).worker_pid.expect("worker_pid while serving");
-        // The wait event is WALSync up to PostgreSQL 16, WalSync from 17.
-        let flushing = |w: Option<(Option<String>, Option<String>)>| matches!(w, Some((_, Some(e))) if e.eq_ignore_ascii_case("WALSync"));
         let killed = node
-            .kill9_pid_when(wpid, Duration::from_secs(30), || flushing(worker_wait(&mut c, wpid)))
+            .kill9_pid_when(wpid, Duration::from_secs(30), || worker_flushing(&mut c, wpid))
             .unwrap();
         assert!(killed, "crash {round}: the worker (pid {wpid}) was never seen in WALSync");
         drop(c);
-        wait_for(&format!("a new worker after crash {round}"), Duration::from_secs(60), || {
-            node.wait_serving().unwrap_or_else(|e| panic!("not serving after crash {round}: {e}"));
-            let st = counters(&mut node.connect());
-            st.worker_pid.is_some() && st.worker_pid != Some(wpid)
-        });
+        wait_new_worker(&node, Some(wpid), &format!("crash {round}"));
     }
     let up = Instant::now();
     wait_ok_calls(&history, up, 300, "after the last crash");
     let stats = load.stop_and_join();
-    for (code, n) in &stats.errors_by_sqlstate {
-        assert!(
-            outage_error(code),
-            "{n} calls failed with SQLSTATE {code}, which an outage does not explain: {stats:?}"
-        );
-    }
+    assert_only_outage_errors(&stats);
 
     let mut c = node.connect();
     let totals = totals_of(&mut c, &keys);
