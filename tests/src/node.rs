@@ -585,6 +585,12 @@ impl Node {
     /// moment `ready()` says so, polling it for at most `timeout` (at least once): the check
     /// is made once, before polling, so nothing stands between the poll that saw the moment
     /// and the kill. False (and no kill) if the moment never came.
+    ///
+    /// When the victim is a child of the postmaster, this returns only once the postmaster
+    /// has logged its death (bounded): from then on it is crash-restarting, so a session
+    /// opened later belongs to the restarted server. Without that wait a session opened right
+    /// after the kill could still be accepted by the old one and then be reset under its
+    /// caller.
     pub fn kill9_pid_when(
         &self,
         pid: i32,
@@ -600,15 +606,31 @@ impl Node {
                 self.name
             )));
         }
+        let child = self.child_pids().contains(&pid);
         let deadline = Instant::now() + timeout;
         loop {
             if ready() {
+                let offset = fs::metadata(&self.logfile).map(|m| m.len()).unwrap_or(0);
                 // SAFETY: kill(2) on a pid checked above (a process of this server).
                 if unsafe { libc::kill(pid, libc::SIGKILL) } != 0 {
                     return Err(HarnessError::io(
                         format!("kill -9 {pid}"),
                         std::io::Error::last_os_error(),
                     ));
+                }
+                if child {
+                    // The postmaster's LogChildExit: "... (PID n) was terminated by signal 9".
+                    let line = format!("(PID {pid}) was terminated by signal 9");
+                    let noticed_by = Instant::now() + Duration::from_secs(30);
+                    while !read_from(&self.logfile, offset).contains(&line) {
+                        if Instant::now() > noticed_by {
+                            return Err(HarnessError::Timeout(format!(
+                                "node {}: the postmaster never logged that {pid} died",
+                                self.name
+                            )));
+                        }
+                        std::thread::sleep(Duration::from_millis(10));
+                    }
                 }
                 return Ok(true);
             }

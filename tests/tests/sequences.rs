@@ -104,8 +104,13 @@ fn worker_flushing(c: &mut Client, pid: i32) -> bool {
 fn wait_new_worker(node: &Node, old_pid: Option<i32>, after: &str) {
     wait_for(&format!("a new worker after {after}"), Duration::from_secs(60), || {
         node.wait_serving().unwrap_or_else(|e| panic!("not serving after {after}: {e}"));
-        let st = counters(&mut node.connect());
-        st.worker_pid.is_some() && st.worker_pid != old_pid
+        // The postmaster may notice the old worker's death only now and reset every session,
+        // this one included: an outage error means "not yet", anything else is a failure.
+        match queue_counters(&mut node.connect()) {
+            Ok(st) => st.worker_pid.is_some() && st.worker_pid != old_pid,
+            Err(e) if outage_error(&sqlstate_of(&e)) => false,
+            Err(e) => panic!("tso_status() after {after}: {}", pg_error_string(&e)),
+        }
     });
 }
 
