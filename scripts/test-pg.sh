@@ -21,6 +21,14 @@ if [ "${1:-}" = --install ]; then install=1; shift; fi
 MAJOR=${1:?usage: test-pg.sh [--install] MAJOR ROOT PGRX_HOME}
 ROOT=${2:?usage: test-pg.sh [--install] MAJOR ROOT PGRX_HOME}
 PGRX_HOME_DIR=${3:?usage: test-pg.sh [--install] MAJOR ROOT PGRX_HOME}
+# ROOT is this script's own: it replaces directories in it and opens it to the postgres user.
+# A ROOT that holds the source tree would open its demo clusters' data directories (0700) too.
+case "$(cd "$HERE/.." && pwd)/" in
+"$(realpath -m "$ROOT")"/*)
+    echo "test-pg: ROOT ($ROOT) holds the source tree; give it a directory of its own (make test uses \$TEST_PG_ROOT/pg<major>)" >&2
+    exit 2
+    ;;
+esac
 SYSTEM_BIN=$("$HERE/pg-install.sh" "$MAJOR")
 
 # Copy, then replace the old copy (never from a copy that still holds a tsoracle build: the
@@ -40,10 +48,12 @@ if [ "$SYSTEM_BIN" = "/usr/lib/postgresql/$MAJOR/bin" ]; then
         refresh "/$d" "$ROOT/$d"
     done
     PRIVATE_BIN=$ROOT/usr/lib/postgresql/$MAJOR/bin
+    COPY=$ROOT/usr
 else
     # One prefix (bin, lib, share, include).
     refresh "$(dirname "$SYSTEM_BIN")" "$ROOT/prefix"
     PRIVATE_BIN=$ROOT/prefix/bin
+    COPY=$ROOT/prefix
 fi
 PRIVATE_CONFIG=$PRIVATE_BIN/pg_config
 pkglibdir=$("$PRIVATE_CONFIG" --pkglibdir)
@@ -62,6 +72,8 @@ if ! grep -qsF "pg${MAJOR%%-*} = \"$PRIVATE_CONFIG\"" "$PGRX_HOME_DIR/config.tom
     mkdir -p "$PGRX_HOME_DIR"
     PGRX_HOME="$PGRX_HOME_DIR" cargo pgrx init "--pg${MAJOR%%-*}" "$PRIVATE_CONFIG" >&2
 fi
-chmod -R a+rX "$ROOT"
+# The postgres user (tests run the server as it) reads the copy; nothing else in ROOT is opened.
+chmod a+rx "$ROOT"
+chmod -R a+rX "$COPY"
 echo "private PostgreSQL $MAJOR for the tests: $ROOT (pgrx home $PGRX_HOME_DIR)" >&2
 echo "$PRIVATE_BIN"
