@@ -96,9 +96,12 @@ pub fn sqlstate_of(e: &postgres::Error) -> String {
 }
 
 /// `ALTER SYSTEM SET name = value` (or `RESET name` for `None`), `pg_reload_conf()`, then wait
-/// (bounded) until a backend has re-read the configuration, and a little longer so that the
-/// tsoracle worker has too (it re-reads it at the top of its loop, which ticks at least every
-/// 200 ms). Returns the setting as a fresh session sees it.
+/// (bounded) until a backend has re-read the configuration, and until the tsoracle worker has
+/// too: it re-reads it at the top of each pass of its loop and takes one group of requests
+/// per pass, so of two requests made one after the other after the reload (releases of a
+/// lease that does not exist: they change nothing) the second is served by a pass that began
+/// after the reload. The pause before them covers the postmaster signalling the worker after
+/// this backend. Returns the setting as a fresh session sees it.
 pub fn alter_system(node: &Node, name: &str, value: Option<&str>) -> Result<String> {
     let mut c = node.try_connect(crate::node::CONNECT_TIMEOUT)?;
     let before: String = c.query_one("SELECT pg_conf_load_time()::text", &[])?.get(0);
@@ -119,7 +122,15 @@ pub fn alter_system(node: &Node, name: &str, value: Option<&str>) -> Result<Stri
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    std::thread::sleep(Duration::from_millis(500));
+    std::thread::sleep(Duration::from_millis(200));
+    for _ in 0..2 {
+        // A node that does not serve (a standby, a refusing worker) answers with an error and
+        // needs no such wait for the requests it does not take.
+        if c.batch_execute("SELECT tso_lease_release(-1)").is_err() {
+            std::thread::sleep(Duration::from_millis(300));
+            break;
+        }
+    }
     let mut fresh = node.try_connect(crate::node::CONNECT_TIMEOUT)?;
     let shown: String = fresh.query_one("SELECT current_setting($1)", &[&name])?.get(0);
     Ok(shown)

@@ -319,8 +319,12 @@ fn safe_frontier_moves() {
     assert_eq!(counters(&mut c).live_leases, 1);
     let f = frontier(&mut c);
     assert!(f <= keep.bound, "the live lease still holds the frontier: {f} > {}", keep.bound);
-    let log = node.log_contents();
-    assert!(log.contains("1 live leases"), "the fence reports the reloaded leases");
+    // The fence logs its count just after it starts serving: poll for the line.
+    wait_for(
+        "the fence to report the reloaded leases (\"1 live leases\")",
+        Duration::from_secs(30),
+        || node.log_contents().contains("1 live leases"),
+    );
     alter_system(&node, "tsoracle.lease_ttl_min_ms", None).unwrap();
 }
 

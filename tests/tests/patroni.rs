@@ -55,7 +55,9 @@ use tsoracle_tests::patroni::{
 };
 use tsoracle_tests::seqlease::alter_system;
 use tsoracle_tests::tso::{status, tso_next};
-use tsoracle_tests::{pg_error_string, physical, DenseHistory, History, Node, NodeOpts, StopMode};
+use tsoracle_tests::{
+    pg_error_string, physical, poll_until, DenseHistory, History, Node, NodeOpts, StopMode,
+};
 
 const KEYS: [&str; 3] = ["k0", "k1", "k2"];
 /// TTL of the test's leases (the shortest `tsoracle.lease_ttl_min_ms` accepts by default).
@@ -170,8 +172,10 @@ fn first_ts_end(rec: &Recorded, label: &str) -> Option<Instant> {
 
 /// `tso_seq_peek` of every key, on the leader.
 fn seq_totals(cluster: &PatroniCluster) -> BTreeMap<String, i64> {
-    let mut c = connect_read_write(&cluster.hosts(), HOST_CONNECT_TIMEOUT, 30_000)
-        .expect("connect to the leader");
+    // Retried (bounded): one connect may take over its 2 s on a box this busy.
+    let mut c = poll_until("a session on the leader", Duration::from_secs(30), || {
+        connect_read_write(&cluster.hosts(), HOST_CONNECT_TIMEOUT, 30_000).ok()
+    });
     KEYS.iter()
         .map(|k| {
             let v: Option<i64> = c

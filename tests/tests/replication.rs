@@ -474,6 +474,9 @@ fn standby_errors_and_status() {
     let p: i64 = sc.query_one("SELECT tso_physical($1)", &[&max]).unwrap().get(0);
     assert_eq!(p, physical(max));
 
+    // One snapshot for tso_status() and the table read below: the standby is still replaying
+    // the primary's extensions.
+    sc.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ").unwrap();
     let st = status_of(&mut sc);
     assert_eq!(st.role, "standby", "{st:?}");
     assert_eq!(st.state, "standby", "{st:?}");
@@ -498,6 +501,7 @@ fn standby_errors_and_status() {
         .unwrap()
         .get(0);
     assert_eq!(hw, table, "tso_status().high_water_ms vs tsoracle.high_water on the standby");
+    sc.batch_execute("COMMIT").unwrap();
     // Sequence state was replicated too (read on the promoted node below).
     drop(sc);
     drop(pc);
@@ -818,8 +822,10 @@ fn a_primary_cut_off_from_its_standby_stops_issuing_within_the_window() {
     let cut = Instant::now();
     let (mut last_ok, mut refused) = (None, 0);
     while cut.elapsed() < Duration::from_millis(window + 3_000) {
+        // When the call began: one begun inside the window may be answered late on a busy box.
+        let began = cut.elapsed();
         match tso_next(&mut c) {
-            Ok(_) => last_ok = Some(cut.elapsed()),
+            Ok(_) => last_ok = Some(began),
             Err(e) => {
                 assert_eq!(
                     e.code(),
@@ -835,7 +841,7 @@ fn a_primary_cut_off_from_its_standby_stops_issuing_within_the_window() {
     if let Some(last) = last_ok {
         assert!(
             last <= Duration::from_millis(window + 1_000),
-            "the cut-off primary still issued {last:?} after losing its standby (window_ahead_ms = {window})"
+            "the cut-off primary still issued to a call begun {last:?} after losing its standby (window_ahead_ms = {window})"
         );
     }
     assert!(refused > 0, "the cut-off primary kept issuing");

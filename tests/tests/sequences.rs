@@ -675,8 +675,10 @@ fn cancel_and_timeouts_while_the_worker_is_stuck() {
     eprintln!("worker terminated: Y answered 40003 after {:?}", t_kill.elapsed());
     assert_session_alive(&mut cy, "Y after 40003");
     assert_session_alive(&mut locker, "the locker (no crash restart)");
-    let new_pid = counters(&mut su).worker_pid;
-    assert!(new_pid.is_some() && new_pid != Some(wpid), "a new worker: {new_pid:?}");
+    // The next worker answers Y before it publishes its pid: poll for it.
+    wait_for("a new worker pid", Duration::from_secs(20), || {
+        counters(&mut su).worker_pid.is_some_and(|p| p != wpid)
+    });
     locker.batch_execute("ROLLBACK").unwrap();
     assert_eq!(
         peek_ok(&mut su, "w"),
