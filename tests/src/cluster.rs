@@ -361,31 +361,62 @@ pub fn remove_primary_conninfo(standby: &Node) -> Result<Vec<String>> {
 
 /// On a hot standby without a source of WAL other than its own `pg_wal`: wait until the
 /// startup process has replayed all of it (it then waits in `RecoveryRetrieveRetryInterval`
-/// for WAL that will not come) and `pg_last_wal_replay_lsn() >= min_lsn`. Returns the replay
-/// LSN.
+/// for WAL that will not come) and everything up to `min_lsn` (what the standby reported
+/// flushed) is replayed: `pg_last_wal_replay_lsn() >= min_lsn`, or the WAL after the replay
+/// position holds no complete record (`pg_waldump` finds none). The standby flushes WAL in
+/// the pieces it receives, so what it flushed may end inside a record, which can never be
+/// replayed (and no commit the primary waited for ends there). Returns the replay LSN.
 pub fn wait_end_of_local_wal(standby: &Node, min_lsn: &str) -> Result<String> {
     let mut c = standby.try_connect(CLUSTER_WAIT)?;
     let deadline = Instant::now() + CLUSTER_WAIT;
+    let mut waldump = String::new();
     loop {
         let r = c.query_one(
             "SELECT (SELECT wait_event FROM pg_stat_activity WHERE backend_type = 'startup'), \
                     pg_last_wal_replay_lsn()::text, \
-                    coalesce(pg_last_wal_replay_lsn() >= $1::text::pg_lsn, false)",
+                    coalesce(pg_last_wal_replay_lsn() >= $1::text::pg_lsn, false), \
+                    (SELECT timeline_id FROM pg_control_checkpoint())",
             &[&min_lsn],
         )?;
         let wait_event: Option<String> = r.get(0);
         let lsn: Option<String> = r.get(1);
-        if wait_event.as_deref() == Some("RecoveryRetrieveRetryInterval") && r.get::<_, bool>(2) {
-            return Ok(lsn.unwrap_or_default());
+        if wait_event.as_deref() == Some("RecoveryRetrieveRetryInterval") {
+            if r.get::<_, bool>(2) {
+                return Ok(lsn.unwrap_or_default());
+            }
+            if let Some(at) = &lsn {
+                let (records, out) = complete_records_from(standby, at, r.get(3))?;
+                if records == 0 {
+                    return Ok(at.clone());
+                }
+                waldump = out;
+            }
         }
         if Instant::now() > deadline {
             return Err(HarnessError::Timeout(format!(
-                "node {}: local WAL not replayed to its end after {CLUSTER_WAIT:?}: startup waits on {wait_event:?}, replay at {lsn:?}, want >= {min_lsn}",
+                "node {}: local WAL not replayed to its end after {CLUSTER_WAIT:?}: startup waits on {wait_event:?}, replay at {lsn:?}, want >= {min_lsn} or no complete record after it; pg_waldump from there:\n{waldump}",
                 standby.name()
             )));
         }
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// How many complete WAL records `pg_waldump` reads from `lsn` on in the node's `pg_wal`
+/// (timeline `timeline`), and its output.
+fn complete_records_from(node: &Node, lsn: &str, timeline: i32) -> Result<(usize, String)> {
+    let out = std::process::Command::new(node.bin_dir().join("pg_waldump"))
+        .arg("--path")
+        .arg(node.datadir().join("pg_wal"))
+        .arg("--timeline")
+        .arg(timeline.to_string())
+        .arg("--start")
+        .arg(lsn)
+        .output()
+        .map_err(|e| HarnessError::io("run pg_waldump", e))?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let records = stdout.lines().filter(|l| l.starts_with("rmgr:")).count();
+    Ok((records, format!("{stdout}{}", String::from_utf8_lossy(&out.stderr))))
 }
 
 // ============================================================================ tsoracle
