@@ -323,7 +323,6 @@ run_pgbench() {
     rec busy "$name" "$clients" "$rep" "$(busy_pct 1)"
 }
 
-# interleave CLIENTS REP WORKLOAD...: run the workloads once each, order rotated by REP.
 # rotated REP ITEM...: the items, one per line, rotated left by REP (the order of repetition
 # REP, so that no workload always runs first or right after the same other one).
 rotated() {
@@ -333,6 +332,7 @@ rotated() {
     for ((i = 0; i < n; i++)); do echo "${list[(i + rep) % n]}"; done
 }
 
+# interleave CLIENTS REP WORKLOAD...: run the workloads once each, order rotated by REP.
 interleave() {
     local clients=$1 rep=$2 w
     shift 2

@@ -223,7 +223,7 @@ fn worker_kill9_refences() {
     let before_max = history.max_value().unwrap();
 
     node.kill9_pid(wpid).unwrap();
-    // Until the postmaster has noticed, a fresh session may still see the old worker.
+    // The postmaster has noticed (kill9_pid waits for that): the new worker is polled for.
     let st = poll_until(&format!("a worker other than {wpid}"), Duration::from_secs(60), || {
         let st = node
             .wait_serving()
