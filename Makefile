@@ -7,7 +7,7 @@ PG_MAJOR ?= 15
 PG_MAJORS := 15 16 17 18
 # What `make test` runs on every major: the #[pg_test]s and these integration suites ...
 TEST_MAJORS ?= $(PG_MAJORS)
-QUICK_SUITES := foundation harness leases sequences security
+QUICK_SUITES := foundation harness leases sequences security clocks drops
 # ... and on the oldest and the newest, also the crash, failover and backup suites.
 FULL_MAJORS ?= 15 18
 FULL_SUITES := $(QUICK_SUITES) replication backup patroni
@@ -22,8 +22,11 @@ TEST_THREADS ?= 2
 TEST_PG_ROOT ?= /tmp/tsoracle-test-$(shell printf %s "$(CURDIR)" | md5sum | cut -c1-8)
 TEST_PGRX_HOME ?= $(CURDIR)/target/pgrx-home
 # $(call test_pg,MAJOR[,--install]): make the private copy of MAJOR's installation (with this
-# tree's build in it if --install) and print its bin directory.
-test_pg = scripts/test-pg.sh $(2) $(1) $(TEST_PG_ROOT)/pg$(1) $(TEST_PGRX_HOME)/pg$(1)
+# tree's build in it if --install) and print its bin directory. The tests' build has the
+# feature clock-fault (src/clock.rs: the wall clock of the whole server can be offset, so the
+# suites step it under load); the packages and `make install` never do.
+TEST_FEATURES ?= clock-fault
+test_pg = TSORACLE_FEATURES=$(TEST_FEATURES) scripts/test-pg.sh $(2) $(1) $(TEST_PG_ROOT)/pg$(1) $(TEST_PGRX_HOME)/pg$(1)
 
 .PHONY: run stop test test-core test-pg test-integration test-upgrade test-install test-package \
 	test-snapshot test-untouched install deps \
@@ -116,4 +119,4 @@ lint: deps
 	cargo fmt --all -- --check
 	cargo clippy -p tsoracle-core -p tsoracle-tests --all-targets -- -D warnings
 	cargo clippy -p tsoracle --all-targets --no-default-features --features pg15 -- -D warnings
-	cargo clippy -p tsoracle --all-targets --no-default-features --features pg18 -- -D warnings
+	cargo clippy -p tsoracle --all-targets --no-default-features --features pg18,clock-fault -- -D warnings

@@ -3,7 +3,8 @@
 # feature from its version) and print the directory holding the result: the library, the
 # control file and the install and upgrade scripts, under the paths PG_CONFIG reports.
 #
-# Usage: scripts/build-ext.sh PG_CONFIG   (INSTALL_PROFILE=debug for a debug build)
+# Usage: scripts/build-ext.sh PG_CONFIG   (INSTALL_PROFILE=debug for a debug build;
+#   TSORACLE_FEATURES=clock-fault for the tests' build, whose wall clock can be offset)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -17,6 +18,8 @@ fi
 major=$("$PG_CONFIG" --version | sed -E 's/^PostgreSQL ([0-9]+).*/\1/')
 out="${CARGO_TARGET_DIR:-target}/$profile_dir/tsoracle-pg$major"
 rm -rf "$out"
-cargo pgrx package "${profile_flag[@]}" --pg-config "$PG_CONFIG" --out-dir "$out" >&2
+feature_flag=()
+[ -z "${TSORACLE_FEATURES:-}" ] || feature_flag=(--features "$TSORACLE_FEATURES")
+cargo pgrx package "${profile_flag[@]}" "${feature_flag[@]}" --pg-config "$PG_CONFIG" --out-dir "$out" >&2
 [ -n "$(find "$out" -name tsoracle.so -print -quit)" ] || { echo "build-ext: no library in $out" >&2; exit 1; }
 echo "$out"

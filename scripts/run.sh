@@ -56,6 +56,8 @@ SELECT tso_safe_frontier();
 \echo '==> tso_status():'
 \x on
 SELECT * FROM tso_status();
+\echo '==> tso_clock():'
+SELECT * FROM tso_clock();
 SQL
 
 cat <<EOF2

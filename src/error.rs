@@ -48,6 +48,10 @@ pub enum TsoError {
     #[error("permission denied: {0}")]
     InsufficientPrivilege(String),
 
+    /// A drop that would lose the durable high-water (`crate::guard`).
+    #[error("cannot drop {0}: it holds the durable high-water of tsoracle, below which no timestamp may be issued again")]
+    DropRefused(String),
+
     #[error("tsoracle internal error: {0}")]
     Internal(String),
 }
@@ -67,6 +71,7 @@ impl TsoError {
             TsoError::NotFound(_) => ERRCODE_NO_DATA_FOUND,
             TsoError::OutcomeUnknown(_) => ERRCODE_T_R_STATEMENT_COMPLETION_UNKNOWN,
             TsoError::InsufficientPrivilege(_) => ERRCODE_INSUFFICIENT_PRIVILEGE,
+            TsoError::DropRefused(_) => ERRCODE_OBJECT_IN_USE,
             TsoError::Internal(_) => ERRCODE_INTERNAL_ERROR,
         }
     }
@@ -91,6 +96,10 @@ impl TsoError {
                 "Check with tso_seq_peek(): a block the worker committed for a caller that left is a gap, never granted again."
                     .into(),
             ),
+            TsoError::DropRefused(_) => Some(format!(
+                "Dropped, the oracle would start again from the clock after the next restart and could repeat timestamps it already returned. To drop it anyway, a superuser first runs SET tsoracle.allow_drop = on; after CREATE EXTENSION tsoracle, run SELECT tso_seed({}) before the server restarts.",
+                crate::shmem::ORACLE.share().max_committed_ms
+            )),
             _ => None,
         }
     }

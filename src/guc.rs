@@ -16,6 +16,9 @@ pub static MAX_LEAD_MS: GucSetting<i32> = GucSetting::<i32>::new(10_000);
 pub static REQUIRE_SYNCHRONOUS_STANDBY: GucSetting<bool> = GucSetting::<bool>::new(false);
 pub static HA_TTL_MS: GucSetting<i32> = GucSetting::<i32>::new(0);
 pub static EXPIRED_LEASE_RETENTION_MS: GucSetting<i32> = GucSetting::<i32>::new(600_000);
+pub static ALLOW_DROP: GucSetting<bool> = GucSetting::<bool>::new(false);
+#[cfg(feature = "clock-fault")]
+pub static TEST_CLOCK_OFFSET_MS: GucSetting<i32> = GucSetting::<i32>::new(0);
 
 pub fn define() {
     GucRegistry::define_string_guc(
@@ -134,6 +137,31 @@ pub fn define() {
         GucContext::Sighup,
         GucFlags::UNIT_MS,
     );
+    GucRegistry::define_bool_guc(
+        c"tsoracle.allow_drop",
+        c"Let this session drop the extension tsoracle, its high-water table or its database.",
+        c"Off, such drops fail with SQLSTATE 55006: after a restart the oracle would start again from the clock and could repeat timestamps. Superusers only.",
+        &ALLOW_DROP,
+        GucContext::Suset,
+        GucFlags::default(),
+    );
+    // SAFETY: the assign hook cannot panic (an atomic store, see below).
+    #[cfg(feature = "clock-fault")]
+    unsafe {
+        GucRegistry::define_int_guc_with_hooks(
+            c"tsoracle.test_clock_offset_ms",
+            c"Test builds only: offset of the wall clock every process of the server reads.",
+            c"Applied in shared memory by the postmaster as soon as it reloads its configuration.",
+            &TEST_CLOCK_OFFSET_MS,
+            i32::MIN,
+            i32::MAX,
+            GucContext::Sighup,
+            GucFlags::UNIT_MS,
+            None,
+            Some(assign_test_clock_offset),
+            None,
+        )
+    };
     // SAFETY: a static NUL-terminated prefix; called from _PG_init while preloading, after
     // every tsoracle.* setting is defined, as PostgreSQL expects of MarkGUCPrefixReserved.
     unsafe { pgrx::pg_sys::MarkGUCPrefixReserved(c"tsoracle".as_ptr()) };
@@ -188,4 +216,26 @@ pub fn require_synchronous_standby() -> bool {
 
 pub fn ha_ttl_ms() -> u64 {
     HA_TTL_MS.get().max(0) as u64
+}
+
+pub fn allow_drop() -> bool {
+    ALLOW_DROP.get()
+}
+
+#[cfg(feature = "clock-fault")]
+pub fn test_clock_offset_ms() -> i64 {
+    i64::from(TEST_CLOCK_OFFSET_MS.get())
+}
+
+/// The postmaster reloads its configuration first, on SIGHUP, and every process reads the
+/// offset from shared memory: the whole server's wall clock steps at one instant (later
+/// reloads in other processes store the same value again).
+#[cfg(feature = "clock-fault")]
+unsafe extern "C-unwind" fn assign_test_clock_offset(
+    newval: std::ffi::c_int,
+    _extra: *mut std::ffi::c_void,
+) {
+    if let Some(signals) = crate::shmem::SIGNALS.get() {
+        signals.set_test_clock_offset_ms(i64::from(newval));
+    }
 }

@@ -2,7 +2,6 @@
 //! itself, with physical_ms up to a bound the oracle has already made durable, until the
 //! lease expires. Every mutation is a request to the worker (the only durable writer).
 
-use crate::clock::now_ms;
 use crate::error::{OrReport, TsoError};
 use crate::guc;
 use crate::oracle::{
@@ -137,8 +136,7 @@ fn safe_frontier() -> Result<i64, TsoError> {
         Ok((st.phase == Phase::Serving).then(|| st.allocator.high_water_ms()))
     })?
     .ok_or_else(|| not_serving(signals, phase))?;
-    let now = now_ms();
-    let lowest = LEASE_BOUNDS.share().lowest_live_bound(now);
+    let lowest = LEASE_BOUNDS.share().lowest_live_bound(crate::clock::sample());
     Ok(lowest.map_or(high_water, |b| b.min(high_water)) as i64)
 }
 
@@ -146,6 +144,7 @@ fn safe_frontier() -> Result<i64, TsoError> {
 #[pg_schema]
 mod tests {
     use super::*;
+    use crate::clock::now_ms;
     use crate::testing::{can_execute, sqlstate_of};
     use pgrx::PgSqlErrorCode::*;
 

@@ -12,6 +12,7 @@ use pgrx::prelude::*;
 mod clock;
 mod compat;
 mod error;
+mod guard;
 mod guc;
 mod lease;
 mod oracle;
@@ -38,6 +39,7 @@ pub extern "C-unwind" fn _PG_init() {
     if unsafe { pg_sys::process_shared_preload_libraries_in_progress } {
         guc::define();
         shmem::init();
+        guard::init();
         // No worker while pg_upgrade runs the server (`postgres -b`): the tables it would
         // write are being restored, and their files are replaced by the old cluster's
         // afterwards. The upgraded cluster's first real start fences from those files.

@@ -4,7 +4,7 @@
 //! Callers never write anything durable. In steady state a call is one compare-and-swap on
 //! the shared window: no lock, no I/O.
 
-use crate::clock::now_ms;
+use crate::clock;
 use crate::error::TsoError;
 use crate::guc;
 use crate::shmem::{self, Phase, Reply, ReplyCode, Request, Signals, ORACLE, QUEUE};
@@ -42,11 +42,13 @@ enum Blocked {
 }
 
 fn try_grant(signals: &Signals, count: u32) -> Result<Result<u64, Blocked>, TsoError> {
-    let now = now_ms();
-    // Only while the last confirmed commit is recent (the worker renews it every half window).
-    if now > signals.serve_until_ms() {
+    let now = clock::sample();
+    // Only while the last confirmed commit is recent (the worker renews it every half window),
+    // on the monotonic clock and on the wall clock.
+    if signals.serve_left_ms(now) == 0 {
         return Ok(Err(Blocked::Exhausted));
     }
+    let now = now.wall_ms;
     match signals.window.try_grant(now, count) {
         Ok(first) => {
             signals.count_issued(count);

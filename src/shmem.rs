@@ -10,8 +10,12 @@ use pgrx::pg_sys;
 use pgrx::shmem::{PGRXSharedMemory, PgSharedMemoryInitialization};
 use std::cell::UnsafeCell;
 use std::ffi::CStr;
+#[cfg(feature = "clock-fault")]
+use std::sync::atomic::AtomicI64;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU64, Ordering};
 use tsoracle_core::allocator::Allocator;
+use tsoracle_core::clock::ReferenceClock;
+use tsoracle_core::lease::{PublishedBound, PublishedBounds};
 use tsoracle_core::queue::{self, EntryState, Queue, QueueHeader, Ticket};
 use tsoracle_core::window::AtomicWindow;
 
@@ -54,6 +58,8 @@ impl Phase {
 #[repr(C)]
 pub struct OracleState {
     pub allocator: Allocator,
+    /// What the lead cap is measured against; sampled by the worker at every tick and fence.
+    pub clock: ReferenceClock,
     pub phase: Phase,
     /// Highest high-water ever committed in this server's lifetime: the fence never seeds
     /// below it, even if the table was dropped and recreated under a running server.
@@ -85,6 +91,7 @@ impl Default for OracleState {
     fn default() -> Self {
         OracleState {
             allocator: Allocator::default(),
+            clock: ReferenceClock::new(),
             phase: Phase::default(),
             max_committed_ms: 0,
             timeline: 0,
@@ -400,33 +407,45 @@ pub fn my_queue_index() -> usize {
 pub const MAX_LEASES: usize = 1024;
 
 /// The bounds of the live leases, published by the worker after every change so that any
-/// backend can compute the safe frontier without asking it.
+/// backend can compute the safe frontier without asking it. More live leases than fit (a
+/// restore can load any number) are summarised conservatively, never dropped
+/// ([`PublishedBounds`]).
 #[derive(Clone, Copy, Debug)]
 #[repr(C)]
 pub struct LeaseBounds {
+    /// How many leases are live (may be more than `entries` holds).
+    pub live: usize,
     pub len: usize,
-    /// (ts_upper_bound_ms, expires_at_ms)
-    pub entries: [(u64, u64); MAX_LEASES],
+    pub entries: [PublishedBound; MAX_LEASES],
 }
 
 impl Default for LeaseBounds {
     fn default() -> Self {
-        LeaseBounds { len: 0, entries: [(0, 0); MAX_LEASES] }
+        LeaseBounds { live: 0, len: 0, entries: [PublishedBound::default(); MAX_LEASES] }
     }
 }
 
 impl LeaseBounds {
-    /// The lowest bound among leases still live at `now_ms`.
-    pub fn lowest_live_bound(&self, now_ms: u64) -> Option<u64> {
-        self.entries[..self.len.min(MAX_LEASES)]
-            .iter()
-            .filter(|&&(_, expires)| now_ms < expires)
-            .map(|&(bound, _)| bound)
-            .min()
+    /// Replace what is published.
+    pub fn publish(&mut self, bounds: &PublishedBounds) {
+        let entries = bounds.entries();
+        let len = entries.len().min(MAX_LEASES);
+        self.entries[..len].copy_from_slice(&entries[..len]);
+        self.len = len;
+        self.live = bounds.live();
+    }
+
+    /// The lowest bound among leases still live at `now`.
+    pub fn lowest_live_bound(&self, now: crate::clock::Sample) -> Option<u64> {
+        tsoracle_core::lease::lowest_live_bound(
+            &self.entries[..self.len.min(MAX_LEASES)],
+            now.wall_ms,
+            now.mono_ms,
+        )
     }
 }
 
-// SAFETY: plain data (a length and an array of integer pairs): no pointers and nothing on
+// SAFETY: plain data (lengths and an array of integer triples): no pointers and nothing on
 // the heap.
 unsafe impl PGRXSharedMemory for LeaseBounds {}
 
@@ -449,6 +468,14 @@ impl<T> std::ops::Deref for CacheLine<T> {
     }
 }
 
+/// The serve-until deadlines, on both clocks (see `Signals::serve_left_ms`).
+#[derive(Debug, Default)]
+#[repr(C)]
+pub struct ServeUntil {
+    wall_ms: AtomicU64,
+    mono_ms: AtomicU64,
+}
+
 /// Lock-free state shared by callers and the worker: the window `tso_next()` takes from,
 /// and the signals between callers and the worker.
 #[repr(C)]
@@ -461,11 +488,15 @@ pub struct Signals {
     /// Clock time of the first timestamp served after the last fence (0: none yet). Written
     /// once per fence, read by every call: on its own cache line.
     pub first_grant_ms: CacheLine<AtomicU64>,
-    /// Clock time until which timestamps may be issued: `tsoracle.window_ahead_ms` past the
-    /// start of the last commit the synchronous standbys confirmed. A primary that has lost
-    /// them stops issuing within `window_ahead_ms`, whatever its window still holds (see
-    /// docs/replication.md). Written by the worker after each confirmed commit.
-    serve_until_ms: CacheLine<AtomicU64>,
+    /// Until when timestamps may be issued: `tsoracle.window_ahead_ms` past the start of the
+    /// last commit the synchronous standbys confirmed, on both clocks. A primary that has
+    /// lost them stops issuing within `window_ahead_ms`, whatever its window still holds and
+    /// however its wall clock steps (see docs/replication.md). Written by the worker after
+    /// each confirmed commit.
+    serve_until: CacheLine<ServeUntil>,
+    /// Test builds: the offset of the wall clock every process reads (`crate::clock`).
+    #[cfg(feature = "clock-fault")]
+    test_clock_offset_ms: CacheLine<AtomicI64>,
     /// Broadcast by the worker whenever the committed window or the phase changes.
     window_moved: UnsafeCell<pg_sys::ConditionVariable>,
     /// Broadcast by the worker when it has answered requests (or freed queue slots).
@@ -497,14 +528,39 @@ impl Signals {
         self.issued.iter().map(|c| c.load(Ordering::Relaxed)).sum()
     }
 
-    /// A commit that began at `started_ms` is confirmed (flushed and replicated): issuing
-    /// may go on until `started_ms + window_ahead_ms`.
-    pub fn confirm_until(&self, until_ms: u64) {
-        self.serve_until_ms.fetch_max(until_ms, Ordering::AcqRel);
+    /// A commit that began at `started` is confirmed (flushed and replicated): issuing may
+    /// go on for `window_ahead_ms` from then, on the monotonic and on the wall clock.
+    /// Only the worker calls this, one commit after the other, so on the wall clock the later
+    /// commit's deadline replaces the earlier one: after a step back it steps back with the
+    /// clock it is compared with.
+    pub fn confirm_until(&self, started: crate::clock::Sample, window_ahead_ms: u64) {
+        self.serve_until
+            .wall_ms
+            .store(started.wall_ms.saturating_add(window_ahead_ms), Ordering::Release);
+        self.serve_until
+            .mono_ms
+            .fetch_max(started.mono_ms.saturating_add(window_ahead_ms), Ordering::AcqRel);
     }
 
-    pub fn serve_until_ms(&self) -> u64 {
-        self.serve_until_ms.load(Ordering::Acquire)
+    /// How long issuing may go on from `now`: the sooner of the two deadlines (0: it may not).
+    /// The monotonic one makes a step back of the wall clock keep nothing open longer; the
+    /// wall one closes the gate when the wall clock jumps ahead of the monotonic clock (a
+    /// VM resumed after a pause its monotonic clock did not count).
+    pub fn serve_left_ms(&self, now: crate::clock::Sample) -> u64 {
+        let wall = self.serve_until.wall_ms.load(Ordering::Acquire).saturating_sub(now.wall_ms);
+        let mono = self.serve_until.mono_ms.load(Ordering::Acquire).saturating_sub(now.mono_ms);
+        wall.min(mono)
+    }
+
+    /// Test builds: offset the wall clock of every process by `offset_ms`.
+    #[cfg(feature = "clock-fault")]
+    pub fn set_test_clock_offset_ms(&self, offset_ms: i64) {
+        self.test_clock_offset_ms.store(offset_ms, Ordering::Release);
+    }
+
+    #[cfg(feature = "clock-fault")]
+    pub fn test_clock_offset_ms(&self) -> i64 {
+        self.test_clock_offset_ms.load(Ordering::Acquire)
     }
 
     pub fn worker_pid(&self) -> i32 {
@@ -639,7 +695,12 @@ impl PgSharedMemoryInitialization for SharedSignals {
                     window: CacheLine(AtomicWindow::new()),
                     issued: [const { CacheLine(AtomicU64::new(0)) }; ISSUED_SLOTS],
                     first_grant_ms: CacheLine(AtomicU64::new(0)),
-                    serve_until_ms: CacheLine(AtomicU64::new(0)),
+                    serve_until: CacheLine(ServeUntil::default()),
+                    #[cfg(feature = "clock-fault")]
+                    // After a crash restart too: the offset the postmaster has.
+                    test_clock_offset_ms: CacheLine(AtomicI64::new(
+                        crate::guc::test_clock_offset_ms(),
+                    )),
                     window_moved: UnsafeCell::new(std::mem::zeroed()),
                     requests_answered: UnsafeCell::new(std::mem::zeroed()),
                     worker_latch: AtomicPtr::new(std::ptr::null_mut()),

@@ -63,7 +63,7 @@ impl Status {
             worker_commits: st.worker_commits as i64,
             group_commits: header.group_commits as i64,
             grouped_requests: header.grouped_requests as i64,
-            live_leases: LEASE_BOUNDS.share().len as i64,
+            live_leases: LEASE_BOUNDS.share().live as i64,
             sync_replication: crate::replica::sync_replication_configured(),
         };
         if standby {
@@ -150,6 +150,50 @@ fn tso_status() -> TableIterator<
     ))
 }
 
+/// One row about the clocks: the server's wall clock, the reference clock the lead cap is
+/// measured against (docs/allocator.md, "Clock steps"), the steps the worker has seen, and
+/// how long issuing may go on without another confirmed commit. Added in 0.3.0 (a new
+/// function rather than new columns of `tso_status()`).
+#[pg_extern]
+// pgrx derives the result columns from the signature: the TableIterator type is spelled inline.
+#[allow(clippy::type_complexity)]
+fn tso_clock() -> TableIterator<
+    'static,
+    (
+        name!(wall_ms, i64),
+        name!(reference_ms, Option<i64>),
+        name!(reference_lead_ms, Option<i64>),
+        name!(issued_lead_ms, Option<i64>),
+        name!(steps_back, i64),
+        name!(steps_forward, i64),
+        name!(last_step_ms, Option<i64>),
+        name!(serve_left_ms, Option<i64>),
+    ),
+> {
+    let signals = shmem::signals().or_report();
+    let now = crate::clock::sample();
+    let st = *ORACLE.share();
+    // SAFETY: as in Status::read.
+    let standby = unsafe { pg_sys::RecoveryInProgress() };
+    let started = st.clock.is_started() && !standby;
+    let wall = now.wall_ms as i64;
+    let issued_lead = signals
+        .window
+        .last_issued()
+        .filter(|_| !standby)
+        .map(|ts| timestamp::physical_ms(ts) as i64 - wall);
+    TableIterator::once((
+        wall,
+        started.then(|| st.clock.reference_ms() as i64),
+        started.then(|| st.clock.lead_ms() as i64),
+        issued_lead,
+        st.clock.steps_back() as i64,
+        st.clock.steps_forward() as i64,
+        (st.clock.last_step_ms() != 0).then(|| st.clock.last_step_ms()),
+        (!standby && st.phase == Phase::Serving).then(|| signals.serve_left_ms(now) as i64),
+    ))
+}
+
 /// On a standby: the high-water replayed from the primary, if this database has the table.
 /// (Read-only SPI: `Spi::get_one` would ask for a transaction id, which a standby refuses.)
 fn replayed_high_water() -> Option<i64> {
@@ -168,4 +212,32 @@ fn replayed_high_water() -> Option<i64> {
     })
     .ok()
     .flatten()
+}
+
+#[cfg(any(test, feature = "pg_test"))]
+#[pg_schema]
+mod tests {
+    use pgrx::prelude::*;
+
+    #[pg_test]
+    fn tso_clock_shows_both_clocks_and_the_gate() {
+        Spi::get_one::<i64>("SELECT tso_next()").unwrap();
+        let row = Spi::get_two::<i64, i64>(
+            "SELECT wall_ms - (extract(epoch FROM clock_timestamp()) * 1000)::bigint, serve_left_ms FROM tso_clock()",
+        )
+        .unwrap();
+        let (skew, left) = (row.0.unwrap(), row.1.unwrap());
+        assert!(skew.abs() < 1_000, "wall_ms is the server's clock ({skew} ms off)");
+        let window = crate::guc::window_ahead_ms() as i64;
+        assert!(left > 0 && left <= window, "serve_left_ms {left} within (0, {window}]");
+        let (reference, lead) = Spi::get_two::<i64, i64>(
+            "SELECT reference_ms - wall_ms, reference_lead_ms FROM tso_clock()",
+        )
+        .unwrap();
+        assert!(reference.unwrap() >= -1_000, "the reference is not behind the wall clock");
+        assert!(lead.unwrap() >= 0);
+        let issued = Spi::get_one::<i64>("SELECT issued_lead_ms FROM tso_clock()").unwrap();
+        let max_lead = crate::guc::max_lead_ms() as i64;
+        assert!(issued.unwrap() <= lead.unwrap() + max_lead, "within the lead cap");
+    }
 }

@@ -157,47 +157,53 @@ impl Allocator {
         Ok(WindowExtension { requested_ms, epoch: self.epoch })
     }
 
-    /// The highest physical_ms that may be served at `now_ms`: `max_lead_ms` above the clock,
-    /// or above the fence's floor where the fence had to start above the clock (a seed, a
-    /// restored or inherited high-water). No load moves the oracle further ahead, and
-    /// nothing goes above the last millisecond a timestamp can be issued in.
-    pub fn lead_cap_ms(&self, now_ms: u64, max_lead_ms: u64) -> u64 {
-        now_ms.max(self.floor_ms).saturating_add(max_lead_ms).min(MAX_SQL_PHYSICAL_MS)
+    /// The highest physical_ms that may be served: `max_lead_ms` above the reference clock
+    /// ([`ReferenceClock`](crate::clock::ReferenceClock): the wall clock, or where that is
+    /// behind — it stepped back, or the fence had to start above it — a clock that goes on at
+    /// half the pace of real time), and never below the fence's floor plus `max_lead_ms`. No
+    /// load moves the oracle further ahead, no step of the wall clock stops it, and nothing
+    /// goes above the last millisecond a timestamp can be issued in.
+    pub fn lead_cap_ms(&self, reference_ms: u64, max_lead_ms: u64) -> u64 {
+        reference_ms.max(self.floor_ms).saturating_add(max_lead_ms).min(MAX_SQL_PHYSICAL_MS)
     }
 
-    /// What callers may take from at `now_ms`: the committed high-water, capped by
+    /// What callers may take from: the committed high-water, capped by
     /// [`lead_cap_ms`](Self::lead_cap_ms). Never above what is durable.
-    pub fn serving_bound_ms(&self, now_ms: u64, max_lead_ms: u64) -> u64 {
-        self.high_water_ms.min(self.lead_cap_ms(now_ms, max_lead_ms))
+    pub fn serving_bound_ms(&self, reference_ms: u64, max_lead_ms: u64) -> u64 {
+        self.high_water_ms.min(self.lead_cap_ms(reference_ms, max_lead_ms))
     }
 
-    /// [`prepare_window_extension`](Self::prepare_window_extension) within the lead cap:
-    /// `None` when the committed high-water already reaches the cap (callers then wait for
-    /// the clock instead of moving the high-water further).
+    /// [`prepare_window_extension`](Self::prepare_window_extension) at `now_ms` (the wall
+    /// clock) within the lead cap at `reference_ms`: `None` when the committed high-water
+    /// already reaches the cap (callers then wait for the reference clock instead of moving
+    /// the high-water further).
     pub fn prepare_capped_extension(
         &self,
         now_ms: u64,
+        reference_ms: u64,
         window_ahead_ms: u64,
         max_lead_ms: u64,
     ) -> Result<Option<WindowExtension>, CoreError> {
         let extension = self.prepare_window_extension(now_ms, window_ahead_ms)?;
-        let requested_ms = extension.requested_ms.min(self.lead_cap_ms(now_ms, max_lead_ms));
+        let requested_ms = extension.requested_ms.min(self.lead_cap_ms(reference_ms, max_lead_ms));
         Ok((requested_ms > self.high_water_ms)
             .then_some(WindowExtension { requested_ms, ..extension }))
     }
 
     /// Less than half of `window_ahead_ms` left below the serving bound (see
-    /// [`serving_bound_ms`](Self::serving_bound_ms)); false when not serving.
+    /// [`serving_bound_ms`](Self::serving_bound_ms)) above the lowest millisecond the next
+    /// grant at `now_ms` could use; false when not serving.
     pub fn needs_capped_extension(
         &self,
         now_ms: u64,
+        reference_ms: u64,
         window_ahead_ms: u64,
         max_lead_ms: u64,
     ) -> bool {
         if !self.serving {
             return false;
         }
-        self.serving_bound_ms(now_ms, max_lead_ms).saturating_sub(self.lowest_ms(now_ms))
+        self.serving_bound_ms(reference_ms, max_lead_ms).saturating_sub(self.lowest_ms(now_ms))
             < window_ahead_ms / 2
     }
 

@@ -243,6 +243,75 @@ impl LeaseTable {
     }
 }
 
+/// One live lease as published for the frontier: its bound and when it stops holding the
+/// frontier, on the wall clock and on the worker's monotonic clock (0: not known, for a lease
+/// loaded before this server's life). It holds the frontier until both have passed, so a
+/// step of the server's wall clock in either direction never ends it early.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[repr(C)]
+pub struct PublishedBound {
+    pub bound_ms: u64,
+    pub expires_at_ms: u64,
+    pub expires_mono_ms: u64,
+}
+
+impl PublishedBound {
+    pub fn is_live(&self, wall_ms: u64, mono_ms: u64) -> bool {
+        wall_ms < self.expires_at_ms || mono_ms < self.expires_mono_ms
+    }
+}
+
+/// What the worker publishes: at most `capacity` entries that hold the frontier at least as
+/// low as the live leases do, at every later moment. When there are more live leases than
+/// entries, the lowest `capacity - 1` bounds are kept as they are and the rest become one
+/// entry with the lowest of their bounds and the latest of their expiries: while any of them
+/// is live, that entry is live and at or below its bound. Nothing is ever left out.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PublishedBounds {
+    entries: Vec<PublishedBound>,
+    live: usize,
+}
+
+impl PublishedBounds {
+    pub fn new(live: impl IntoIterator<Item = PublishedBound>, capacity: usize) -> Self {
+        let mut entries: Vec<PublishedBound> = live.into_iter().collect();
+        let live = entries.len();
+        entries.sort_unstable_by_key(|b| b.bound_ms);
+        if capacity > 0 && entries.len() > capacity {
+            let rest = entries.split_off(capacity - 1);
+            entries.push(PublishedBound {
+                bound_ms: rest[0].bound_ms,
+                expires_at_ms: rest.iter().map(|b| b.expires_at_ms).max().unwrap_or(0),
+                expires_mono_ms: rest.iter().map(|b| b.expires_mono_ms).max().unwrap_or(0),
+            });
+        } else if capacity == 0 && !entries.is_empty() {
+            // Nowhere to publish: never happens with the shared table, refuse to mislead.
+            entries.clear();
+        }
+        PublishedBounds { entries, live }
+    }
+
+    pub fn entries(&self) -> &[PublishedBound] {
+        &self.entries
+    }
+
+    /// How many live leases were published (possibly more than `entries`).
+    pub fn live(&self) -> usize {
+        self.live
+    }
+}
+
+/// The lowest bound among the published entries still live at (`wall_ms`, `mono_ms`): the
+/// lease part of the safe frontier, as every backend computes it.
+pub fn lowest_live_bound(entries: &[PublishedBound], wall_ms: u64, mono_ms: u64) -> Option<u64> {
+    entries.iter().filter(|b| b.is_live(wall_ms, mono_ms)).map(|b| b.bound_ms).min()
+}
+
+/// The safe frontier from published bounds: the high-water, held down by every live bound.
+pub fn frontier(high_water_ms: u64, entries: &[PublishedBound], wall_ms: u64, mono_ms: u64) -> u64 {
+    lowest_live_bound(entries, wall_ms, mono_ms).map_or(high_water_ms, |b| b.min(high_water_ms))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -3,6 +3,7 @@
 //! property-testable in microseconds; the extension crate does the I/O around it.
 
 pub mod allocator;
+pub mod clock;
 pub mod error;
 pub mod lease;
 pub mod queue;

@@ -322,29 +322,74 @@ proptest! {
 
 proptest! {
     /// The lead cap: what is served never exceeds the committed high-water, nor
-    /// `max(now, floor) + max_lead`; an extension within the cap only ever raises the
-    /// high-water, and never past the cap.
+    /// `max(reference, floor) + max_lead`; an extension within the cap only ever raises the
+    /// high-water, and never past the cap. The wall clock (`now`) may be anywhere relative
+    /// to the reference (behind it after a step back).
     #[test]
     fn the_lead_cap_bounds_what_is_served(
         floor in 1u64..1_000_000,
         above in 0u64..100_000,
         now in 0u64..1_200_000,
+        ahead in 0u64..200_000,
         window in 1u64..20_000,
         lead in 1u64..50_000,
     ) {
         let mut a = Allocator::new();
         a.become_leader(floor, floor + above, 1).map_err(fail)?;
-        let bound = a.serving_bound_ms(now, lead);
+        let reference = now + ahead;
+        let bound = a.serving_bound_ms(reference, lead);
         prop_assert!(bound <= a.high_water_ms());
-        prop_assert!(bound <= now.max(floor) + lead);
+        prop_assert!(bound <= reference.max(floor) + lead);
         prop_assert!(bound >= floor.min(a.high_water_ms()), "the floor is always servable");
-        match a.prepare_capped_extension(now, window, lead).map_err(fail)? {
+        match a.prepare_capped_extension(now, reference, window, lead).map_err(fail)? {
             Some(ext) => {
                 prop_assert!(ext.requested_ms > a.high_water_ms());
-                prop_assert!(ext.requested_ms <= now.max(floor) + lead);
+                prop_assert!(ext.requested_ms <= reference.max(floor) + lead);
                 prop_assert!(ext.requested_ms <= (a.high_water_ms() + 1).max(now) + window);
             }
-            None => prop_assert!(a.high_water_ms() >= now.max(floor) + lead, "no extension only at the cap"),
+            None => prop_assert!(a.high_water_ms() >= reference.max(floor) + lead, "no extension only at the cap"),
+        }
+    }
+
+    /// No stall after a step back: with the reference clock driving the cap, callers whose
+    /// wall clock stepped back by any amount keep being served above the last timestamp
+    /// (from the lock-free window the worker keeps at the serving bound), never above the
+    /// reference plus the lead.
+    #[test]
+    fn a_step_back_never_stalls_the_served_window(
+        step_back in 0u64..10_000_000,
+        ticks in proptest::collection::vec((1u64..400, 1u32..1_000), 1..300),
+    ) {
+        use tsoracle_core::clock::ReferenceClock;
+        use tsoracle_core::window::AtomicWindow;
+        const LEAD: u64 = 10_000;
+        const WINDOW: u64 = 3_000;
+        let (mut wall, mut mono) = (1_700_000_000_000u64, 0u64);
+        let mut clock = ReferenceClock::new();
+        clock.observe(wall, mono);
+        let mut a = Allocator::new();
+        a.become_leader(wall, wall + WINDOW, 1).map_err(fail)?;
+        let window = AtomicWindow::new();
+        window.open(wall, a.serving_bound_ms(clock.reference_ms(), LEAD)).map_err(fail)?;
+        let mut last = window.try_grant(wall, 1).map_err(fail)?;
+        wall -= step_back;
+        for (elapsed, count) in ticks {
+            wall += elapsed;
+            mono += elapsed;
+            clock.observe(wall, mono);
+            let reference = clock.reference_ms();
+            // The worker's tick: extend within the cap, publish the serving bound.
+            a.observe_issued(window.next_ts());
+            if a.needs_capped_extension(wall, reference, WINDOW, LEAD) {
+                if let Some(ext) = a.prepare_capped_extension(wall, reference, WINDOW, LEAD).map_err(fail)? {
+                    a.commit_window_extension(ext.requested_ms, ext.epoch).map_err(fail)?;
+                }
+            }
+            window.extend(a.serving_bound_ms(reference, LEAD));
+            let ts = window.try_grant(wall, count).map_err(fail)?;
+            prop_assert!(ts > last);
+            prop_assert!(physical_ms(ts) <= reference + LEAD);
+            last = ts;
         }
     }
 }

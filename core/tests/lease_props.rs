@@ -264,3 +264,32 @@ proptest! {
         }
     }
 }
+
+proptest! {
+    /// Publishing never ignores a live lease: with any number of leases and any capacity, at
+    /// every later moment (on either clock) the published frontier is at or below the true
+    /// one, and equal to it when everything fits.
+    #[test]
+    fn published_bounds_never_ignore_a_live_lease(
+        leases in proptest::collection::vec((0u64..10_000, 0u64..2_000, 0u64..2_000), 0..300),
+        capacity in 1usize..40,
+        later in proptest::collection::vec((0u64..2_500, 0u64..2_500), 1..20),
+    ) {
+        use tsoracle_core::lease::{frontier, PublishedBound, PublishedBounds};
+        let all: Vec<PublishedBound> = leases
+            .iter()
+            .map(|&(bound_ms, expires_at_ms, expires_mono_ms)| PublishedBound { bound_ms, expires_at_ms, expires_mono_ms })
+            .collect();
+        let published = PublishedBounds::new(all.clone(), capacity);
+        prop_assert!(published.entries().len() <= capacity);
+        prop_assert_eq!(published.live(), all.len());
+        for (wall, mono) in later {
+            let truth = frontier(u64::MAX, &all, wall, mono);
+            let seen = frontier(u64::MAX, published.entries(), wall, mono);
+            prop_assert!(seen <= truth, "published frontier {} above the true {}", seen, truth);
+            if all.len() <= capacity {
+                prop_assert_eq!(seen, truth);
+            }
+        }
+    }
+}

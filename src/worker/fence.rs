@@ -1,7 +1,7 @@
 //! The failover fence: nothing is served until a bound above every earlier one is durable.
 
 use super::{refuse, Worker};
-use crate::clock::now_ms;
+use crate::clock::{self, now_ms};
 use crate::guc;
 use crate::shmem::{Phase, ORACLE};
 use pgrx::bgworkers::BackgroundWorker;
@@ -53,7 +53,7 @@ impl Worker {
         // only once it has (BgWorkerStart_RecoveryFinished) and it never starts again while
         // the server runs, so the insertion timeline no longer changes.
         let timeline = unsafe { pg_sys::GetWALInsertionTimeLine() };
-        let commit_started_ms = now_ms();
+        let commit_started = clock::sample();
         let advance = guc::failover_advance_ms();
         let fenced = BackgroundWorker::transaction(|| {
             // No row only before the very first fence; a failed read is never taken for one.
@@ -108,15 +108,22 @@ impl Worker {
         };
         // Committed (and flushed, and replicated where synchronous standbys are required).
         crate::replica::confirm_replicated();
-        self.signals.confirm_until(commit_started_ms.saturating_add(guc::window_ahead_ms()));
+        self.signals.confirm_until(commit_started, guc::window_ahead_ms());
         self.leases = leases;
+        self.note_lease_deadlines(None, commit_started);
         self.publish_lease_bounds();
 
-        {
+        let step = {
             let mut st = ORACLE.exclusive();
+            // The reference clock starts at the floor when the fence had to start above the
+            // wall clock, and goes on from there at half pace until the wall clock catches up.
+            let now = clock::sample();
+            let step = st.clock.observe(now.wall_ms, now.mono_ms);
+            st.clock.raise_to(floor_ms);
+            let reference = st.clock.reference_ms();
             let seeded =
                 st.allocator.become_leader(floor_ms, high_water_ms, epoch).and_then(|()| {
-                    let bound = st.allocator.serving_bound_ms(now_ms(), guc::max_lead_ms());
+                    let bound = st.allocator.serving_bound_ms(reference, guc::max_lead_ms());
                     self.signals.window.open(floor_ms, bound)
                 });
             if let Err(e) = seeded {
@@ -133,7 +140,9 @@ impl Worker {
             st.seeded_ms = st.seeded_ms.max(min_floor_ms);
             st.last_fence_promoted = promoted;
             self.signals.first_grant_ms.store(0, std::sync::atomic::Ordering::Relaxed);
-        }
+            step
+        };
+        super::log_clock_step(step);
         self.signals.broadcast();
         pgrx::log!(
             "tsoracle fence complete: epoch {epoch} (timeline {timeline}), serving from {floor_ms} ms, high-water {high_water_ms} ms, {} live leases, took {:.1} ms",

@@ -4,48 +4,90 @@
 use super::fence::purge_horizon;
 use super::requests::{denied, Checks};
 use super::{persist_high_water, Worker};
-use crate::clock::now_ms;
+use crate::clock::{self, Sample};
 use crate::shmem::{Reply, ReplyCode, Request, RequestKind, LEASE_BOUNDS, MAX_LEASES};
 use pgrx::bgworkers::BackgroundWorker;
 use pgrx::prelude::*;
 use tsoracle_core::allocator::WindowExtension;
 use tsoracle_core::error::CoreError;
-use tsoracle_core::lease::{AcquireOutcome, Lease, LeaseTable};
+use tsoracle_core::lease::{AcquireOutcome, Lease, LeaseTable, PublishedBound, PublishedBounds};
 use tsoracle_core::queue::Ticket;
 use tsoracle_core::timestamp::MAX_SQL_PHYSICAL_MS;
 
 impl Worker {
     /// Purge leases expired longer than the retention from memory and from the table, and
-    /// keep the published bounds (and live count) current as leases lapse.
+    /// keep the published bounds (and live count) current as leases lapse. A lease is purged
+    /// only once its monotonic deadline has passed too: a wall clock stepped forward neither
+    /// ends nor forgets a lease early.
     pub(super) fn expire_leases(&mut self) {
-        let now = now_ms();
-        let horizon = purge_horizon(now);
-        if self.leases.iter().any(|l| !l.is_live(horizon)) {
+        let now = clock::sample();
+        let horizon = purge_horizon(now.wall_ms);
+        let purged: Vec<i64> = self
+            .leases
+            .iter()
+            .filter(|l| !l.is_live(horizon) && self.lease_deadline(l.id) <= now.mono_ms)
+            .map(|l| l.id)
+            .collect();
+        if !purged.is_empty() {
             BackgroundWorker::transaction(|| {
                 Spi::run_with_args(
-                    "DELETE FROM tsoracle.lease WHERE expires_at_ms OPERATOR(pg_catalog.<=) $1",
-                    &[(horizon as i64).into()],
+                    "DELETE FROM tsoracle.lease WHERE lease_id OPERATOR(pg_catalog.=) ANY ($1)",
+                    &[purged.clone().into()],
                 )
             })
             .unwrap_or_else(|e| pgrx::error!("tsoracle could not delete expired leases: {e}"));
-            self.leases.expire(horizon);
+            for id in &purged {
+                self.leases.release(*id);
+                self.lease_deadlines.remove(id);
+            }
         }
-        let live = self.leases.iter().filter(|l| l.is_live(now)).count();
-        if live != LEASE_BOUNDS.share().len {
+        if self.live_bounds(now).count() != LEASE_BOUNDS.share().live {
             self.publish_lease_bounds();
         }
     }
 
-    /// Publish the bounds of the live leases for `tso_safe_frontier()` in any backend.
+    /// When a lease stops holding the frontier on the monotonic clock (0: unknown).
+    fn lease_deadline(&self, id: i64) -> u64 {
+        self.lease_deadlines.get(&id).copied().unwrap_or(0)
+    }
+
+    /// The leases that hold the frontier at `now`, as published.
+    fn live_bounds(&self, now: Sample) -> impl Iterator<Item = PublishedBound> + '_ {
+        self.leases
+            .iter()
+            .map(|l| PublishedBound {
+                bound_ms: l.ts_upper_bound_ms,
+                expires_at_ms: l.expires_at_ms,
+                expires_mono_ms: self.lease_deadline(l.id),
+            })
+            .filter(move |b| b.is_live(now.wall_ms, now.mono_ms))
+    }
+
+    /// Publish the bounds of the live leases for `tso_safe_frontier()` in any backend; more
+    /// than fit are summarised, never dropped (`PublishedBounds`).
     pub(super) fn publish_lease_bounds(&self) {
-        let now = now_ms();
-        let mut bounds = LEASE_BOUNDS.exclusive();
-        let mut len = 0;
-        for lease in self.leases.iter().filter(|l| l.is_live(now)).take(MAX_LEASES) {
-            bounds.entries[len] = (lease.ts_upper_bound_ms, lease.expires_at_ms);
-            len += 1;
+        let bounds = PublishedBounds::new(self.live_bounds(clock::sample()), MAX_LEASES);
+        LEASE_BOUNDS.exclusive().publish(&bounds);
+    }
+
+    /// After the lease table changed (a group commit that began at `started`, or the fence's
+    /// load, `before` = None): every lease whose expiry is new gets a monotonic deadline as
+    /// far from `started` as its expiry is on the wall clock; the others keep theirs.
+    pub(super) fn note_lease_deadlines(&mut self, before: Option<&LeaseTable>, started: Sample) {
+        let mut deadlines = std::collections::HashMap::with_capacity(self.leases.len());
+        for lease in self.leases.iter() {
+            let unchanged = before
+                .and_then(|b| b.get(lease.id))
+                .is_some_and(|old| old.expires_at_ms == lease.expires_at_ms);
+            let deadline = match self.lease_deadlines.get(&lease.id) {
+                Some(&d) if unchanged => d,
+                _ => started
+                    .mono_ms
+                    .saturating_add(lease.expires_at_ms.saturating_sub(started.wall_ms)),
+            };
+            deadlines.insert(lease.id, deadline);
         }
-        bounds.len = len;
+        self.lease_deadlines = deadlines;
     }
 }
 

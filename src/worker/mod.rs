@@ -16,7 +16,7 @@ mod leases;
 mod requests;
 mod sequences;
 
-use crate::clock::now_ms;
+use crate::clock::{self, now_ms};
 use crate::guc;
 use crate::shmem::{self, Phase, Reply, ReplyCode, Signals, ORACLE, QUEUE};
 use pgrx::bgworkers::{
@@ -25,6 +25,7 @@ use pgrx::bgworkers::{
 use pgrx::prelude::*;
 use std::time::Duration;
 use tsoracle_core::allocator::WindowExtension;
+use tsoracle_core::clock::Step;
 use tsoracle_core::error::CoreError;
 use tsoracle_core::lease::LeaseTable;
 
@@ -135,7 +136,12 @@ pub extern "C-unwind" fn tsoracle_worker_main(_arg: pg_sys::Datum) {
 
     pgrx::log!("tsoracle worker started (database \"{database}\")");
     warn_if_window_exceeds_ha_ttl();
-    let mut worker = Worker { signals, leases: LeaseTable::new(), seq_statements: None };
+    let mut worker = Worker {
+        signals,
+        leases: LeaseTable::new(),
+        lease_deadlines: std::collections::HashMap::new(),
+        seq_statements: None,
+    };
     loop {
         if !wait_for_extension(signals, &database) {
             break;
@@ -167,6 +173,19 @@ fn warn_if_window_exceeds_ha_ttl() {
             "tsoracle.window_ahead_ms ({window} ms) is more than half of tsoracle.ha_ttl_ms ({ttl} ms): a primary frozen or cut off from its synchronous standby could issue timestamps after a new primary is elected; lower window_ahead_ms so that window_ahead_ms + clock error < ttl with room to spare"
         );
     }
+}
+
+/// Say in the server log that the wall clock stepped, and what the oracle does about it.
+fn log_clock_step(step: Option<Step>) {
+    let (direction, ms) = match step {
+        None => return,
+        Some(Step::Back(ms)) => ("back", ms),
+        Some(Step::Forward(ms)) => ("forward", ms),
+    };
+    let lead = ORACLE.share().clock.lead_ms();
+    pgrx::warning!(
+        "tsoracle: the wall clock stepped {direction} by {ms} ms; timestamps go on above the last one issued, the lead cap is measured from a reference clock {lead} ms ahead of the wall clock, which closes the gap at half the pace of real time"
+    );
 }
 
 /// Apply [`FORCED_SETTINGS`] at override level.
@@ -369,6 +388,8 @@ fn strict_mode_refusal() -> Option<String> {
 struct Worker {
     signals: &'static Signals,
     leases: LeaseTable,
+    /// When each lease stops holding the frontier on the monotonic clock (`clock::mono_ms`).
+    lease_deadlines: std::collections::HashMap<i64, u64>,
     /// Plans of the group commit's statements, prepared once per worker life.
     seq_statements: Option<sequences::SeqStatements>,
 }
@@ -409,21 +430,24 @@ impl Worker {
             self.expire_leases();
 
             let requested = self.signals.take_extension_request();
-            let now = now_ms();
+            let sample = clock::sample();
+            let now = sample.wall_ms;
             let max_lead = guc::max_lead_ms();
             // Issuing stops window_ahead_ms after the last confirmed commit began: renew it at
             // half time, with a commit that changes nothing if nothing else is due.
-            let heartbeat = now.saturating_add(window_ahead / 2) >= self.signals.serve_until_ms();
-            let extension = {
+            let heartbeat = self.signals.serve_left_ms(sample) <= window_ahead / 2;
+            let (extension, step) = {
                 let mut st = ORACLE.exclusive();
+                let step = st.clock.observe(sample.wall_ms, sample.mono_ms);
+                let reference = st.clock.reference_ms();
                 st.allocator.observe_issued(self.signals.window.next_ts());
                 // The clock moved: callers may take up to the (higher) lead cap.
-                self.signals.window.extend(st.allocator.serving_bound_ms(now, max_lead));
+                self.signals.window.extend(st.allocator.serving_bound_ms(reference, max_lead));
                 let wider = (requested
-                    || st.allocator.needs_capped_extension(now, window_ahead, max_lead))
+                    || st.allocator.needs_capped_extension(now, reference, window_ahead, max_lead))
                 .then(|| {
                     st.allocator
-                        .prepare_capped_extension(now, window_ahead, max_lead)
+                        .prepare_capped_extension(now, reference, window_ahead, max_lead)
                         .ok()
                         .flatten()
                 })
@@ -432,8 +456,9 @@ impl Worker {
                     requested_ms: st.allocator.high_water_ms(),
                     epoch,
                 });
-                wider.or(unchanged.filter(|_| heartbeat))
+                (wider.or(unchanged.filter(|_| heartbeat)), step)
             };
+            log_clock_step(step);
             if requested {
                 self.signals.broadcast();
             }
@@ -448,7 +473,7 @@ impl Worker {
     /// Persist a wider window (monotonic, epoch-checked) and let the allocator use it.
     /// False when the durable row is not ours any more and the fence must run again.
     fn extend(&mut self, extension: WindowExtension) -> bool {
-        let commit_started_ms = now_ms();
+        let commit_started = clock::sample();
         let outcome = BackgroundWorker::transaction(|| match strict_mode_refusal() {
             Some(why) => Err(why),
             None => Ok(persist_high_water(extension)),
@@ -469,7 +494,7 @@ impl Worker {
             return false;
         };
         crate::replica::confirm_replicated();
-        self.signals.confirm_until(commit_started_ms.saturating_add(guc::window_ahead_ms()));
+        self.signals.confirm_until(commit_started, guc::window_ahead_ms());
         ORACLE.exclusive().set_refusal("");
         match self.commit_high_water(actual, extension.epoch) {
             Ok(()) => {
@@ -489,9 +514,10 @@ impl Worker {
             let mut st = ORACLE.exclusive();
             let result = st.allocator.commit_window_extension(actual_ms, epoch);
             if result.is_ok() {
+                let reference = st.clock.reference_ms();
                 self.signals
                     .window
-                    .extend(st.allocator.serving_bound_ms(now_ms(), guc::max_lead_ms()));
+                    .extend(st.allocator.serving_bound_ms(reference, guc::max_lead_ms()));
                 st.worker_commits += 1;
                 st.max_committed_ms = st.max_committed_ms.max(actual_ms);
             }

@@ -4,7 +4,7 @@
 use super::leases::mutate_leases;
 use super::sequences::{advance_sequences, SeqStatements};
 use super::Worker;
-use crate::clock::now_ms;
+use crate::clock;
 use crate::shmem::{self, Reply, ReplyCode, Request, ORACLE, QUEUE};
 use pgrx::bgworkers::BackgroundWorker;
 use pgrx::prelude::*;
@@ -30,7 +30,8 @@ impl Worker {
             })
             .collect();
         // The group's commit starts now: the confirmation it earns dates from here.
-        let now = now_ms();
+        let started = clock::sample();
+        let now = started.wall_ms;
         let (window, epoch, ascii_only) = {
             let st = ORACLE.share();
             (st.allocator.high_water_ms(), st.allocator.epoch().unwrap_or(0), st.ascii_names_only)
@@ -61,9 +62,10 @@ impl Worker {
         self.seq_statements = statements;
         crate::replica::confirm_replicated();
         if refused.is_none() {
-            self.signals.confirm_until(now.saturating_add(crate::guc::window_ahead_ms()));
+            self.signals.confirm_until(started, crate::guc::window_ahead_ms());
         }
-        self.leases = leases;
+        let before = std::mem::replace(&mut self.leases, leases);
+        self.note_lease_deadlines(Some(&before), started);
         self.publish_lease_bounds();
         if let Some(why) = refused {
             ORACLE.exclusive().set_refusal(&why);

@@ -163,3 +163,66 @@ pub fn expect_sqlstate<T: std::fmt::Debug>(
         }
     }
 }
+
+/// One row of `tso_clock()` (0.3.0): the server's wall clock, the reference clock of the lead
+/// cap and its lead, the lead of the last issued timestamp, the steps the worker has seen,
+/// and how long issuing may go on without another confirmed commit.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TsoClock {
+    pub wall_ms: i64,
+    pub reference_ms: Option<i64>,
+    pub reference_lead_ms: Option<i64>,
+    pub issued_lead_ms: Option<i64>,
+    pub steps_back: i64,
+    pub steps_forward: i64,
+    pub last_step_ms: Option<i64>,
+    pub serve_left_ms: Option<i64>,
+}
+
+impl TsoClock {
+    pub fn steps(&self) -> i64 {
+        self.steps_back + self.steps_forward
+    }
+}
+
+pub fn clock(client: &mut Client) -> Result<TsoClock, postgres::Error> {
+    let r = client.query_one(
+        "SELECT wall_ms, reference_ms, reference_lead_ms, issued_lead_ms, steps_back, \
+                steps_forward, last_step_ms, serve_left_ms FROM tso_clock()",
+        &[],
+    )?;
+    Ok(TsoClock {
+        wall_ms: r.try_get(0)?,
+        reference_ms: r.try_get(1)?,
+        reference_lead_ms: r.try_get(2)?,
+        issued_lead_ms: r.try_get(3)?,
+        steps_back: r.try_get(4)?,
+        steps_forward: r.try_get(5)?,
+        last_step_ms: r.try_get(6)?,
+        serve_left_ms: r.try_get(7)?,
+    })
+}
+
+/// Test builds (feature `clock-fault`, which `make test` builds with): offset the wall clock
+/// of every process of the server by `offset_ms` from real time, at one instant (the
+/// postmaster applies it as it reloads), and wait until the server's clock shows it.
+pub fn set_clock_offset(client: &mut Client, offset_ms: i64) -> Result<(), HarnessError> {
+    client
+        .batch_execute(&format!("ALTER SYSTEM SET tsoracle.test_clock_offset_ms = {offset_ms}"))?;
+    client.batch_execute("SELECT pg_reload_conf()")?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let before = now_ms();
+        let wall = clock(client)?.wall_ms;
+        let after = now_ms();
+        if wall >= before + offset_ms - 5 && wall <= after + offset_ms + 5 {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(HarnessError::Timeout(format!(
+                "the server's clock does not show the offset {offset_ms} ms: {wall} against {before}..{after}"
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}

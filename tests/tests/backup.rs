@@ -16,10 +16,11 @@
 //!   [`pitr_to_the_end_of_the_archive_serves_above_everything_issued`]): a primary archiving
 //!   its WAL under a timestamp and sequence load, a base backup taken before the load, restored
 //!   with `restore_command` to a `recovery_target_time` (promote) or to the end of the archive.
-//! * **Extension upgrade** ([`alter_extension_update_from_0_1_0_under_load_keeps_every_guarantee`]):
-//!   `CREATE EXTENSION tsoracle VERSION '0.1.0'` under the current library, state in the 0.1.0
+//! * **Extension upgrade** ([`alter_extension_update_from_0_1_0_under_load_keeps_every_guarantee`],
+//!   [`alter_extension_update_from_0_2_0_under_load_keeps_every_guarantee`]): `CREATE
+//!   EXTENSION tsoracle VERSION '<released version>'` under the current library, state in its
 //!   tables, a synchronous standby, 16 sessions calling `tso_next()`/`tso_next_batch()`, then
-//!   `ALTER EXTENSION tsoracle UPDATE`.
+//!   `ALTER EXTENSION tsoracle UPDATE`, which walks the upgrade chain to the current version.
 //!
 //! Run with: `cargo test -p tsoracle-tests --test backup -- --test-threads=1`
 
@@ -655,18 +656,33 @@ fn pitr_to_the_end_of_the_archive_serves_above_everything_issued() {
 
 // ============================================================================ 3: upgrade
 
-/// `CREATE EXTENSION tsoracle VERSION '0.1.0'` under the current library (default version
-/// 0.2.0), which refuses the 0.1.0 schema (`outdated_schema`, 57P03); state put into the
-/// 0.1.0 tables by hand (a high-water an hour ahead, two counters, a live lease); a
+/// The version of the installed build (Cargo.toml of the extension).
+const CURRENT_VERSION: &str = "0.3.0";
+
+/// `CREATE EXTENSION tsoracle VERSION '<from>'` under the current library (default version
+/// [`CURRENT_VERSION`]), which refuses the older schema (`outdated_schema`, 57P03); state put
+/// into the old tables by hand (a high-water an hour ahead, two counters, a live lease); a
 /// synchronous standby; 16 sessions calling `tso_next()`/`tso_next_batch()`; then
-/// `ALTER EXTENSION tsoracle UPDATE`. Serving resumes without a restart; the history has no
-/// duplicate and no real-time-order violation; every timestamp is above the seeded
-/// high-water; the counters continue; the lease keeps its id and bound (and holds the
-/// frontier); the standby replays the update and shows the high-water.
+/// `ALTER EXTENSION tsoracle UPDATE`, which walks the upgrade chain from there. Serving
+/// resumes without a restart; the history has no duplicate and no real-time-order
+/// violation; every timestamp is above the seeded high-water; the counters continue; the
+/// lease keeps its id and bound (and holds the frontier); the standby replays the update and
+/// shows the high-water; the updated extension has exactly the objects of a fresh one.
 #[test]
 fn alter_extension_update_from_0_1_0_under_load_keeps_every_guarantee() {
+    update_under_load("0.1.0");
+}
+
+/// The same from the previous release: the last step of the chain on its own.
+#[test]
+fn alter_extension_update_from_0_2_0_under_load_keeps_every_guarantee() {
+    update_under_load("0.2.0");
+}
+
+fn update_under_load(from: &str) {
+    let name = |role: &str| format!("upgrade-{}-{role}", from.replace('.', ""));
     let mut primary =
-        Node::start_new("upgrade-primary", NodeOpts::new()).expect("start the primary");
+        Node::start_new(&name("primary"), NodeOpts::new()).expect("start the primary");
     let mut c = primary.connect();
     let versions: Vec<String> = c
         .query("SELECT version FROM pg_available_extension_versions WHERE name = 'tsoracle' ORDER BY version", &[])
@@ -676,23 +692,23 @@ fn alter_extension_update_from_0_1_0_under_load_keeps_every_guarantee() {
         .collect();
     let default = one_text(&mut c, "SELECT coalesce((SELECT default_version FROM pg_available_extensions WHERE name = 'tsoracle'), 'none')");
     assert!(
-        versions.iter().any(|v| v == "0.1.0") && default == "0.2.0",
-        "the installed build must offer 0.1.0 and default to 0.2.0; it offers {versions:?}, default {default}"
+        versions.iter().any(|v| v == from) && default == CURRENT_VERSION,
+        "the installed build must offer {from} and default to {CURRENT_VERSION}; it offers {versions:?}, default {default}"
     );
 
-    c.batch_execute("CREATE EXTENSION tsoracle VERSION '0.1.0'")
+    c.batch_execute(&format!("CREATE EXTENSION tsoracle VERSION '{from}'"))
         .unwrap_or_else(|e| panic!("{}", pg_error_string(&e)));
     assert_eq!(
         one_text(&mut c, "SELECT extversion FROM pg_extension WHERE extname = 'tsoracle'"),
-        "0.1.0"
+        from
     );
-    let st = wait_state(&mut c, "outdated_schema", "the 0.2.0 library over the 0.1.0 schema");
+    let st = wait_state(&mut c, "outdated_schema", "the current library over the old schema");
     expect_sqlstate(
         tso_next(&mut c),
         &SqlState::CANNOT_CONNECT_NOW,
-        "tso_next() over the 0.1.0 schema",
+        "tso_next() over the old schema",
     );
-    eprintln!("0.1.0 schema: {st:?}");
+    eprintln!("{from} schema: {st:?}");
 
     let seeded = now_ms() + HOUR_MS;
     let lease = LeaseRow {
@@ -720,7 +736,7 @@ fn alter_extension_update_from_0_1_0_under_load_keeps_every_guarantee() {
     )
     .unwrap();
 
-    let mut standby = Node::base_backup_from(&primary, "upgrade-standby").expect("pg_basebackup");
+    let mut standby = Node::base_backup_from(&primary, &name("standby")).expect("pg_basebackup");
     standby.start().expect("start the standby");
     make_sync(&mut primary, standby.name()).unwrap_or_else(|e| panic!("synchronous standby: {e}"));
     let started_at = one_text(&mut c, "SELECT pg_postmaster_start_time()::text");
@@ -766,24 +782,24 @@ fn alter_extension_update_from_0_1_0_under_load_keeps_every_guarantee() {
     let lowest = report.min_value.expect("values");
     assert!(
         physical(lowest) > seeded,
-        "a timestamp {lowest} (physical {}) at or below the high-water {seeded} kept from 0.1.0",
+        "a timestamp {lowest} (physical {}) at or below the high-water {seeded} kept from {from}",
         physical(lowest)
     );
     assert_eq!(
         one_text(&mut c, "SELECT extversion FROM pg_extension WHERE extname = 'tsoracle'"),
-        "0.2.0"
+        CURRENT_VERSION
     );
     // The update script and the install script define the same objects twice: what the
     // update leaves must be exactly what a fresh CREATE EXTENSION makes.
     {
-        let fresh = serving_node("upgrade-fresh", NodeOpts::new());
+        let fresh = serving_node(&name("fresh"), NodeOpts::new());
         let want = extension_schema(&mut fresh.connect());
         let got = extension_schema(&mut c);
         let missing: Vec<&String> = want.iter().filter(|l| !got.contains(l)).collect();
         let extra: Vec<&String> = got.iter().filter(|l| !want.contains(l)).collect();
         assert!(
             missing.is_empty() && extra.is_empty() && want.len() > 20,
-            "0.1.0 updated to 0.2.0 differs from a fresh 0.2.0 ({} objects): missing {missing:#?}, extra {extra:#?}",
+            "{from} updated to {CURRENT_VERSION} differs from a fresh {CURRENT_VERSION} ({} objects): missing {missing:#?}, extra {extra:#?}",
             want.len()
         );
     }
@@ -795,12 +811,12 @@ fn alter_extension_update_from_0_1_0_under_load_keeps_every_guarantee() {
     assert_eq!(
         seq(&mut c, "orders", 1).unwrap(),
         1000,
-        "tso_seq('orders') continues at the 0.1.0 counter"
+        "tso_seq('orders') continues at the {from} counter"
     );
     assert_eq!(
         seq(&mut c, "invoices", 3).unwrap(),
         77,
-        "tso_seq('invoices') continues at the 0.1.0 counter"
+        "tso_seq('invoices') continues at the {from} counter"
     );
     assert_lease_kept(&mut c, &lease, "after the update");
     let same: (i64, i64) = c
@@ -810,7 +826,11 @@ fn alter_extension_update_from_0_1_0_under_load_keeps_every_guarantee() {
         )
         .map(|r| (r.get(0), r.get(1)))
         .unwrap_or_else(|e| panic!("tso_lease_acquire('keeper', 1): {}", pg_error_string(&e)));
-    assert_eq!(same, (lease.id, lease.bound), "the same holder and epoch get the 0.1.0 lease back");
+    assert_eq!(
+        same,
+        (lease.id, lease.bound),
+        "the same holder and epoch get the {from} lease back"
+    );
 
     let st = status_of(&mut c);
     let high_water = st.high_water_ms.expect("a serving primary has a high-water");
@@ -826,6 +846,6 @@ fn alter_extension_update_from_0_1_0_under_load_keeps_every_guarantee() {
     );
     assert_eq!(
         one_text(&mut s, "SELECT extversion FROM pg_extension WHERE extname = 'tsoracle'"),
-        "0.2.0"
+        CURRENT_VERSION
     );
 }

@@ -958,3 +958,52 @@ fn bad_lease_arguments_over_sql() {
     release_ok(&mut c, a.id);
     assert!(lease_rows(&mut c).is_empty());
 }
+
+/// More live leases than the shared table holds (1,024), loaded by a restore: the frontier
+/// still counts every one of them. The lowest bound belongs to the lease with the highest id,
+/// the one a table that kept the first 1,024 by id would leave out. New acquires are refused
+/// (54000) while the table is over its capacity; releasing the lowest lets the frontier rise
+/// to the next.
+#[test]
+fn a_restore_of_more_leases_than_fit_never_hides_one_from_the_frontier() {
+    let node = serving_node("lease-overflow", NodeOpts::new());
+    let mut c = node.connect();
+    let hw = status_high_water(&mut c);
+    let base = hw - 100_000;
+    let expires = now_ms() + 600_000;
+    let n = 1_100i64;
+    // Restored rows go through the merge trigger, and the worker fences again above them.
+    let fences_before: i64 =
+        c.query_one("SELECT fences FROM tso_status()", &[]).expect("fences").get(0);
+    c.execute(
+        "INSERT INTO tsoracle.lease (lease_id, holder, holder_epoch, ts_upper_bound_ms, expires_at_ms, ttl_ms) \
+         SELECT i, 'restored-' || i, 1, CASE WHEN i = $1 THEN $2::bigint - 5000 ELSE $2::bigint + i END, $3::bigint, 60000 \
+           FROM generate_series(1::bigint, $1::bigint) i",
+        &[&n, &base, &expires],
+    )
+    .unwrap_or_else(|e| panic!("restore the leases: {}", pg_error_string(&e)));
+    wait_for("the fence after the restore", Duration::from_secs(30), || {
+        c.query_one("SELECT fences, state, live_leases FROM tso_status()", &[]).ok().is_some_and(
+            |r| r.get::<_, i64>(0) > fences_before && r.get::<_, String>(1) == "serving",
+        )
+    });
+    let live: i64 = c.query_one("SELECT live_leases FROM tso_status()", &[]).unwrap().get(0);
+    assert_eq!(live, n, "every restored lease is live");
+    assert_eq!(frontier(&mut c), base - 5_000, "the frontier counts the lease with the highest id");
+    expect_sqlstate(
+        acquire(&mut c, "one-too-many", 1, 10_000),
+        &SqlState::PROGRAM_LIMIT_EXCEEDED,
+        "acquire beyond the capacity",
+    );
+    release_ok(&mut c, n);
+    wait_for("the released lease leaves the frontier", Duration::from_secs(10), || {
+        frontier(&mut c) == base + 1
+    });
+    // The summary entry still holds the rest: release the next lowest too.
+    release_ok(&mut c, 1);
+    wait_for("the next lowest leaves the frontier", Duration::from_secs(10), || {
+        frontier(&mut c) == base + 2
+    });
+    let live: i64 = c.query_one("SELECT live_leases FROM tso_status()", &[]).unwrap().get(0);
+    assert_eq!(live, n - 2);
+}

@@ -802,7 +802,19 @@ fn worker_row(c: &mut Client) -> String {
 /// cannot make one. Callers then get 57P03.
 #[test]
 fn a_primary_cut_off_from_its_standby_stops_issuing_within_the_window() {
-    let (mut primary, mut standby) = sync_pair("cutoff-primary", "cutoff-standby");
+    cut_off_primary_stops_issuing("cutoff", 0);
+}
+
+/// The same, with the cut-off primary's wall clock stepping back a minute right after the
+/// cut: the gate is measured on the monotonic clock, so the step keeps it open no longer.
+#[test]
+fn a_cut_off_primary_whose_clock_steps_back_stops_issuing_within_the_window() {
+    cut_off_primary_stops_issuing("cutoff-step", -60_000);
+}
+
+fn cut_off_primary_stops_issuing(name: &str, step_ms: i64) {
+    let (mut primary, mut standby) =
+        sync_pair(&format!("{name}-primary"), &format!("{name}-standby"));
     let window = 2_000u64;
     primary.set_conf("tsoracle.window_ahead_ms", window).expect("window_ahead_ms");
     primary.set_conf("tsoracle.extension_timeout_ms", 200).expect("extension_timeout_ms");
@@ -820,6 +832,11 @@ fn a_primary_cut_off_from_its_standby_stops_issuing_within_the_window() {
 
     standby.stop(StopMode::Immediate).expect("stop the standby");
     let cut = Instant::now();
+    if step_ms != 0 {
+        let mut su = primary.connect();
+        tsoracle_tests::tso::set_clock_offset(&mut su, step_ms)
+            .unwrap_or_else(|e| panic!("step the cut-off primary's clock: {e}"));
+    }
     let (mut last_ok, mut refused) = (None, 0);
     while cut.elapsed() < Duration::from_millis(window + 3_000) {
         // When the call began: one begun inside the window may be answered late on a busy box.
