@@ -211,6 +211,14 @@ sql "CREATE SEQUENCE s_ts;
      INSERT INTO a_clock SELECT g, 0, clock_timestamp() FROM generate_series(1, $UPDATE_ROWS) g;
      INSERT INTO a_inc   SELECT g, 0, 1                 FROM generate_series(1, $UPDATE_ROWS) g;" \
     && sql "VACUUM ANALYZE a_tso, a_clock, a_inc" || die "set-up of the write tables failed"
+# UUID keys: tables alike but for the default of their primary key (PostgreSQL 18 has uuidv7()).
+sql "CREATE TABLE t_uuid (id uuid PRIMARY KEY DEFAULT tso_next_uuid(),   v int NOT NULL) WITH (autovacuum_enabled = off);
+     CREATE TABLE t_rand (id uuid PRIMARY KEY DEFAULT gen_random_uuid(), v int NOT NULL) WITH (autovacuum_enabled = off);" \
+    || die "set-up of the UUID tables failed"
+UUIDV7=()
+if sql "CREATE TABLE t_uuidv7 (id uuid PRIMARY KEY DEFAULT uuidv7(), v int NOT NULL) WITH (autovacuum_enabled = off)" 2>/dev/null; then
+    UUIDV7=(ins_uuidv7)
+fi
 
 SEQ_OK=1
 if ! sql "SELECT tso_seq('k', 1)" >/dev/null 2>"$WORK/tso_seq.err"; then
@@ -433,6 +441,10 @@ rec info update_rows "$UPDATE_ROWS"
 echo "==> INSERT INTO t(v) VALUES (\$1), ts DEFAULT tso_next() vs clock_timestamp() vs nextval('s_ts') (clients: $WRITE_CLIENTS)" >&2
 for c in $WRITE_CLIENTS; do
     write_rows "$c" ins_tso ins_clock ins_seq
+done
+echo "==> INSERT INTO t(v) VALUES (\$1), id uuid PRIMARY KEY DEFAULT tso_next_uuid() vs gen_random_uuid()${UUIDV7:+ vs uuidv7()} (clients: $WRITE_CLIENTS)" >&2
+for c in $WRITE_CLIENTS; do
+    write_rows "$c" ins_uuid ins_rand "${UUIDV7[@]}"
 done
 echo "==> UPDATE ... SET version = tso_next() vs clock_timestamp() vs version + 1, random id of $UPDATE_ROWS (clients: $WRITE_CLIENTS)" >&2
 for c in $WRITE_CLIENTS; do

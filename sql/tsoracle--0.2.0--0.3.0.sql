@@ -18,3 +18,23 @@ CREATE  FUNCTION "tso_clock"() RETURNS TABLE (
 STRICT
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'tso_clock_wrapper';
+
+-- New functions: UUIDv7 made of tsoracle timestamps (README, "UUIDs").
+CREATE  FUNCTION "tso_next_uuid"() RETURNS uuid /* Uuid */
+STRICT
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'tso_next_uuid_wrapper';
+
+CREATE  FUNCTION "tso_uuid"(
+	"ts" bigint /* i64 */
+) RETURNS uuid /* Uuid */
+STRICT VOLATILE PARALLEL SAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'tso_uuid_wrapper';
+
+CREATE  FUNCTION "tso_from_uuid"(
+	"id" uuid /* Uuid */
+) RETURNS bigint /* i64 */
+IMMUTABLE STRICT PARALLEL SAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'tso_from_uuid_wrapper';

@@ -47,7 +47,11 @@ unsafe extern "C-unwind" fn object_access(
         // SAFETY: the previous hook, with the arguments PostgreSQL gave us.
         unsafe { previous(access, class_id, object_id, sub_id, arg) };
     }
-    if access != pg_sys::ObjectAccessType::OAT_DROP || sub_id != 0 {
+    // pg_upgrade (`postgres -b`) rebuilds the new cluster's databases before its files are
+    // replaced by the old cluster's: nothing there holds the order yet.
+    // SAFETY: a process-local global set at postmaster start.
+    let binary_upgrade = unsafe { pg_sys::IsBinaryUpgrade };
+    if access != pg_sys::ObjectAccessType::OAT_DROP || sub_id != 0 || binary_upgrade {
         return;
     }
     if let Some(what) = guarded(class_id, object_id) {

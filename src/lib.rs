@@ -22,6 +22,7 @@ mod seq;
 mod shmem;
 mod status;
 mod timestamps;
+mod uuid;
 mod worker;
 
 #[cfg(any(test, feature = "pg_test"))]

@@ -18,6 +18,10 @@ pub enum CoreError {
     InvalidSeed { floor_ms: u64, high_water_ms: u64 },
     #[error("timestamp {0} is negative")]
     NegativeTimestamp(i64),
+    #[error("not a version-7 UUID of the RFC 9562 variant (version {version}, variant bits {variant:02b})")]
+    NotUuidV7 { version: u8, variant: u8 },
+    #[error("its time ({0} ms) is after the last millisecond a tsoracle timestamp can hold (in the year 3084)")]
+    UuidTimeOutOfRange(u64),
 
     // Sequences.
     #[error("sequence key must be 1 to {max} bytes, got {got}")]

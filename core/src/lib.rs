@@ -9,6 +9,7 @@ pub mod lease;
 pub mod queue;
 pub mod seq;
 pub mod timestamp;
+pub mod uuid;
 pub mod window;
 
 pub use error::CoreError;

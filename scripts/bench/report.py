@@ -298,6 +298,10 @@ for c in write_clients:
 for c in write_clients:
     tps_row("INSERT, ts DEFAULT tso_next()", "ins_tso", "ts DEFAULT nextval('s_ts')", "ins_seq", c)
 for c in write_clients:
+    tps_row("INSERT, id uuid DEFAULT tso_next_uuid()", "ins_uuid", "id DEFAULT gen_random_uuid()", "ins_rand", c, 0.95)
+for c in write_clients if any(w == "ins_uuidv7" for (w, _) in tps) else []:
+    tps_row("INSERT, id uuid DEFAULT tso_next_uuid()", "ins_uuid", "id DEFAULT uuidv7() (PostgreSQL 18)", "ins_uuidv7", c, 0.95)
+for c in write_clients:
     tps_row("UPDATE SET version = tso_next()", "upd_tso", "version = clock_timestamp()", "upd_clock", c, 0.95)
 for c in write_clients:
     tps_row("UPDATE SET version = tso_next()", "upd_tso", "version = version + 1", "upd_inc", c)

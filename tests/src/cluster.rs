@@ -79,6 +79,9 @@ pub struct MixedLoadOptions {
     pub max_seq: i32,
     /// Probability of a `tso_seq` call; of the rest, half `tso_next()`, half batches.
     pub seq_share: f64,
+    /// Probability that a `tso_next()` call is a `tso_next_uuid()` instead (recorded as the
+    /// timestamp the UUID carries, decoded by the harness).
+    pub uuid_share: f64,
 }
 
 impl Default for MixedLoadOptions {
@@ -92,6 +95,7 @@ impl Default for MixedLoadOptions {
             max_batch: 64,
             max_seq: 5,
             seq_share: 0.3,
+            uuid_share: 0.5,
         }
     }
 }
@@ -135,6 +139,7 @@ impl MixedLoad {
 
 enum MixedOp {
     Next,
+    Uuid,
     Batch(i32),
     Seq(usize, i32),
 }
@@ -179,13 +184,24 @@ fn mixed_worker(
             let k = rng.range_inclusive(0, opts.seq_keys.len() as i64 - 1) as usize;
             MixedOp::Seq(k, rng.range_inclusive(1, opts.max_seq as i64) as i32)
         } else if rng.chance(0.5) {
-            MixedOp::Next
+            if rng.chance(opts.uuid_share) {
+                MixedOp::Uuid
+            } else {
+                MixedOp::Next
+            }
         } else {
             MixedOp::Batch(rng.range_inclusive(1, opts.max_batch as i64) as i32)
         };
         let start = Instant::now();
         let r: std::result::Result<i64, postgres::Error> = match &op {
             MixedOp::Next => client.query_one("SELECT tso_next()", &[]).and_then(|r| r.try_get(0)),
+            MixedOp::Uuid => client
+                .query_one("SELECT tso_next_uuid()::text", &[])
+                .and_then(|r| r.try_get::<_, String>(0))
+                .map(|text| {
+                    crate::tso::uuid_timestamp(&text)
+                        .unwrap_or_else(|e| panic!("tso_next_uuid() returned {e}"))
+                }),
             MixedOp::Batch(k) => {
                 client.query_one("SELECT tso_next_batch($1)", &[k]).and_then(|r| r.try_get(0))
             }
@@ -199,7 +215,7 @@ fn mixed_worker(
             Ok(first) => {
                 stats.ok_calls += 1;
                 match op {
-                    MixedOp::Next => ts.record_ok(start, end, &node, first, 1),
+                    MixedOp::Next | MixedOp::Uuid => ts.record_ok(start, end, &node, first, 1),
                     MixedOp::Batch(k) => ts.record_ok(start, end, &node, first, k as i64),
                     MixedOp::Seq(key, k) => {
                         dense.record_ok(start, end, &node, &opts.seq_keys[key], first, k as i64)
@@ -211,7 +227,7 @@ fn mixed_worker(
                 let msg = pg_error_string(&e);
                 note(&mut stats, msg.clone());
                 match op {
-                    MixedOp::Next => ts.record_err(start, end, &node, msg, 1),
+                    MixedOp::Next | MixedOp::Uuid => ts.record_err(start, end, &node, msg, 1),
                     MixedOp::Batch(k) => ts.record_err(start, end, &node, msg, k as i64),
                     MixedOp::Seq(key, k) => {
                         dense.record_err(start, end, &node, &opts.seq_keys[key], msg, k as i64)

@@ -102,6 +102,25 @@ pub mod ops {
         })
     }
 
+    /// `SELECT tso_next_uuid()`: the timestamp it carries, decoded by the harness (a UUID that
+    /// is not version 7 fails the load).
+    pub fn tso_next_uuid() -> Op {
+        Arc::new(|c, _| {
+            let text: String = c.query_one("SELECT tso_next_uuid()::text", &[])?.try_get(0)?;
+            let ts = crate::tso::uuid_timestamp(&text)
+                .unwrap_or_else(|e| panic!("tso_next_uuid() returned {e}"));
+            Ok((ts, 1))
+        })
+    }
+
+    /// A third each: `tso_next()`, `tso_next_uuid()` (recorded as the timestamp it carries, so
+    /// the history checks the UUIDs' order: their bytes are ordered like their timestamps) and
+    /// [`mixed`]'s batches.
+    pub fn mixed_with_uuid(max_batch: i32) -> Op {
+        let (uuid, batches) = (tso_next_uuid(), mixed(max_batch));
+        Arc::new(move |c, rng| if rng.chance(1.0 / 3.0) { uuid(c, rng) } else { batches(c, rng) })
+    }
+
     /// Any statement returning one bigint, count 1.
     pub fn statement(sql: &str) -> Op {
         let sql = sql.to_string();

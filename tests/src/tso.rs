@@ -226,3 +226,31 @@ pub fn set_clock_offset(client: &mut Client, offset_ms: i64) -> Result<(), Harne
         std::thread::sleep(Duration::from_millis(10));
     }
 }
+
+/// The timestamp a tsoracle UUID carries, decoded from its text form here, independently of
+/// the extension (README, "UUIDs"): `unix_ts_ms` is the physical part, the 18 bits after the
+/// version (4 + 8 in bytes 6 and 7, 6 after the variant in byte 8) the logical part. Fails
+/// unless it is a version-7 UUID of the RFC 9562 variant.
+pub fn uuid_timestamp(text: &str) -> Result<i64, String> {
+    let hex: String = text.chars().filter(|c| *c != '-').collect();
+    if hex.len() != 32 {
+        return Err(format!("{text:?} is not a UUID"));
+    }
+    let mut b = [0u8; 16];
+    for (i, byte) in b.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16)
+            .map_err(|e| format!("{text:?} is not a UUID: {e}"))?;
+    }
+    if b[6] >> 4 != 7 || b[8] >> 6 != 0b10 {
+        return Err(format!("{text:?} is not a version-7 UUID of the RFC 9562 variant"));
+    }
+    let physical = b[..6].iter().fold(0i64, |acc, &x| acc << 8 | i64::from(x));
+    let logical = (i64::from(b[6] & 0x0F) << 14) | (i64::from(b[7]) << 6) | i64::from(b[8] & 0x3F);
+    Ok(compose(physical, logical))
+}
+
+/// `SELECT tso_next_uuid()`, as the timestamp it carries.
+pub fn tso_next_uuid(client: &mut Client) -> Result<i64, HarnessError> {
+    let text: String = client.query_one("SELECT tso_next_uuid()::text", &[])?.try_get(0)?;
+    uuid_timestamp(&text).map_err(HarnessError::Other)
+}

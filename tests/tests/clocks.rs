@@ -44,7 +44,7 @@ fn clock_steps_never_send_timestamps_back_nor_stall() {
     let load = Load::start(
         vec![node.endpoint()],
         LoadOptions::new(16, Duration::from_secs(240)),
-        ops::mixed(1000),
+        ops::mixed_with_uuid(1000),
         history.clone(),
     );
     let phases = [

@@ -73,7 +73,7 @@ fn concurrent_unique_and_real_time_ordered() {
     let stats = Load::run(
         vec![node.endpoint()],
         LoadOptions::new(16, Duration::from_secs(5)),
-        ops::mixed(64),
+        ops::mixed_with_uuid(64),
         &history,
     );
     let report = history.assert_valid();
@@ -131,7 +131,7 @@ fn restarts_never_go_back() {
     let load = Load::start(
         vec![node.endpoint()],
         LoadOptions::new(16, Duration::from_secs(300)),
-        ops::mixed(64),
+        ops::mixed_with_uuid(64),
         history.clone(),
     );
     #[derive(Debug, Clone, Copy)]
@@ -215,7 +215,7 @@ fn worker_kill9_refences() {
     let load = Load::start(
         vec![node.endpoint()],
         LoadOptions::new(8, Duration::from_secs(300)),
-        ops::mixed(64),
+        ops::mixed_with_uuid(64),
         history.clone(),
     );
     let t0 = Instant::now();
@@ -259,7 +259,7 @@ fn small_window_many_extensions() {
     let load = Load::start(
         vec![node.endpoint()],
         LoadOptions::new(8, Duration::from_secs(60)),
-        ops::mixed(64),
+        ops::mixed_with_uuid(64),
         history.clone(),
     );
     let t0 = Instant::now();
