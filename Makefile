@@ -29,7 +29,7 @@ TEST_FEATURES ?= clock-fault
 test_pg = TSORACLE_FEATURES=$(TEST_FEATURES) scripts/test-pg.sh $(2) $(1) $(TEST_PG_ROOT)/pg$(1) $(TEST_PGRX_HOME)/pg$(1)
 
 .PHONY: run stop test test-core test-pg test-integration test-upgrade test-install test-package \
-	test-snapshot test-untouched install deps \
+	test-snapshot test-untouched test-deps install deps build-deps \
 	bench clean fmt lint package
 
 ## Build, install, start a local cluster with tsoracle preloaded, and show it working.
@@ -43,19 +43,29 @@ stop:
 ## integration tests on every supported major, pg_upgrade, the Debian package.
 ## Before and after, scripts/untouched.sh checks that the tests wrote nothing into the
 ## installations servers run from and left `make run`'s demo servers running.
-test: test-snapshot deps lint test-core test-pg test-integration test-upgrade test-install \
-	test-package test-untouched
+test: test-snapshot deps test-deps lint test-core test-pg test-integration test-upgrade \
+	test-install test-package test-untouched
 
 test-snapshot:
 	mkdir -p target && scripts/untouched.sh snapshot target/untouched.before
 test-untouched:
 	scripts/untouched.sh check target/untouched.before
 
+## What the tests need (every major, Patroni, etcd, sudo), on top of the build dependencies.
 deps:
-	scripts/install-deps.sh
+	scripts/install-deps.sh --test
+
+## What building and installing for PG_MAJOR needs, and nothing else.
+build-deps:
+	scripts/install-deps.sh $(PG_MAJOR)
+
+# What each command installs: `make install` and `make run` the build dependencies of one
+# major only (scripts/test-install-deps.sh).
+test-deps:
+	scripts/test-install-deps.sh
 
 # Built as a package, then renamed into place file by file: safe under a running server.
-install: deps
+install: build-deps
 	scripts/install-ext.sh "$$(scripts/pg-install.sh $(PG_MAJOR))/pg_config"
 
 test-core:

@@ -1,18 +1,61 @@
 #!/usr/bin/env bash
-# Install everything tsoracle needs to build and test, idempotently, on a Debian machine
-# (run as root): PostgreSQL 15 with its server headers (Debian's), PostgreSQL 16, 17 and 18
-# (scripts/pg-install.sh), clang for bindgen, sudo for `cargo pgrx test --runas`, Patroni and
-# etcd (server and etcdctl) for the high-availability tests, patchelf (scripts/pg-install.sh), and
-# cargo-pgrx 0.18.0 initialised against every one of those installations.
+# Install what tsoracle needs, idempotently, on a Debian machine (run as root), and no more
+# than what is asked:
+#
+#   scripts/install-deps.sh [MAJOR]     build and install for one PostgreSQL major (default 15):
+#                                       clang/libclang for bindgen, pkg-config, make, that
+#                                       major (Debian's packages for 15, with its server
+#                                       headers; the pinned build of scripts/pg-install.sh for
+#                                       16-18, which needs patchelf), cargo-pgrx 0.18.0
+#                                       initialised against it. `make install` and `make run`.
+#   scripts/install-deps.sh --test      everything `make test` needs besides: every major of
+#                                       scripts/postgresql-versions, sudo (`cargo pgrx test
+#                                       --runas`), Patroni and etcd (server and etcdctl) for the
+#                                       high-availability tests.
+#   scripts/install-deps.sh --print …   say what the call would install (Debian packages and
+#                                       PostgreSQL installations), one per line; change nothing.
 set -euo pipefail
 
 PGRX_VERSION=0.18.0
 HERE=$(cd "$(dirname "$0")" && pwd)
-APT_PACKAGES=(postgresql-15 postgresql-server-dev-15 postgresql-client-15 libclang-dev clang sudo pkg-config make
-              patroni etcd-server etcd-client patchelf)
+BUILD_PACKAGES=(libclang-dev clang pkg-config make)
+TEST_PACKAGES=(sudo patroni etcd-server etcd-client)
+
+print=0 test=0 major=15
+for arg in "$@"; do
+    case "$arg" in
+    --print) print=1 ;;
+    --test) test=1 ;;
+    -*) echo "install-deps: unknown option $arg" >&2; exit 2 ;;
+    *) major=$arg ;;
+    esac
+done
+
+source_of() { awk -v m="$1" '$1 == m && $0 !~ /^#/ {print $2}' "$HERE/postgresql-versions"; }
+if ((test)); then
+    majors=($(awk '$0 !~ /^#/ && $1 ~ /^[0-9]+$/ {print $1}' "$HERE/postgresql-versions"))
+else
+    [ -n "$(source_of "$major")" ] || { echo "install-deps: PostgreSQL $major is not supported (scripts/postgresql-versions)" >&2; exit 2; }
+    majors=("$major")
+fi
+
+packages=("${BUILD_PACKAGES[@]}")
+((test)) && packages+=("${TEST_PACKAGES[@]}")
+for m in "${majors[@]}"; do
+    case "$(source_of "$m")" in
+    debian) packages+=("postgresql-$m" "postgresql-server-dev-$m" "postgresql-client-$m") ;;
+    wheel) [[ " ${packages[*]} " == *" patchelf "* ]] || packages+=(patchelf) ;;
+    esac
+done
+
+if ((print)); then
+    printf 'package %s\n' "${packages[@]}"
+    printf 'postgresql %s\n' "${majors[@]}"
+    exit 0
+fi
 
 missing=()
-for p in "${APT_PACKAGES[@]}"; do
+for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
 if ((${#missing[@]})); then
@@ -37,20 +80,24 @@ if ! cargo pgrx --version 2>/dev/null | grep -q "$PGRX_VERSION"; then
     cargo install --locked cargo-pgrx --version "$PGRX_VERSION"
 fi
 
-# Every supported major (scripts/postgresql-versions), for `make install PG_MAJOR=N`,
-# `make lint` and `make package`.
-init_args=()
-wanted=()
-for major in $(awk '$0 !~ /^#/ && $1 ~ /^[0-9]+$/ {print $1}' "$HERE/postgresql-versions"); do
-    pg_config="$("$HERE/pg-install.sh" "$major")/pg_config"
-    init_args+=("--pg$major" "$pg_config")
-    wanted+=("pg$major = \"$pg_config\"")
-done
+# pgrx knows every installation it was initialised against: keep those it already has, add
+# the ones asked for (a later `make install PG_MAJOR=18` must not make it forget 15).
 config="${PGRX_HOME:-$HOME/.pgrx}/config.toml"
-for w in "${wanted[@]}"; do
-    if ! grep -qsF "$w" "$config"; then
-        echo "==> cargo pgrx init ${init_args[*]}"
-        cargo pgrx init "${init_args[@]}"
-        break
-    fi
+declare -A known=()
+if [ -f "$config" ]; then
+    while read -r name path; do
+        [ -x "$path" ] && known[$name]=$path
+    done < <(sed -nE 's/^(pg[0-9]+) = "(.*)"$/\1 \2/p' "$config")
+fi
+want=0
+for m in "${majors[@]}"; do
+    pg_config="$("$HERE/pg-install.sh" "$m")/pg_config"
+    [ "${known[pg$m]:-}" = "$pg_config" ] || want=1
+    known[pg$m]=$pg_config
 done
+if ((want)); then
+    init_args=()
+    for name in "${!known[@]}"; do init_args+=("--$name" "${known[$name]}"); done
+    echo "==> cargo pgrx init ${init_args[*]}"
+    cargo pgrx init "${init_args[@]}"
+fi

@@ -104,7 +104,9 @@ impl TsoError {
         }
     }
 
-    /// Raise this error as a PostgreSQL ERROR (never returns).
+    /// Raise this error as a PostgreSQL ERROR (never returns). The server log names the
+    /// caller's file and line (`#[track_caller]`, through `or_report` too).
+    #[track_caller]
     pub fn report(self) -> ! {
         let mut report = pgrx::pg_sys::panic::ErrorReport::new(
             self.sqlstate(),
@@ -139,10 +141,12 @@ impl From<CoreError> for TsoError {
 
 /// Unwrap a result for a SQL function: an error becomes a PostgreSQL ERROR.
 pub trait OrReport<T> {
+    #[track_caller]
     fn or_report(self) -> T;
 }
 
 impl<T, E: Into<TsoError>> OrReport<T> for Result<T, E> {
+    #[track_caller]
     fn or_report(self) -> T {
         match self {
             Ok(v) => v,

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# `make test`: what each set-up command installs (scripts/install-deps.sh --print, which the
+# real install goes through the same list for). `make install` / `make run` for one major
+# install that major's build dependencies only: no Patroni, no etcd, no sudo, no other major;
+# `make test` adds them. Prints one line per check and a closing count.
+set -uo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
+passed=0 failed=0
+check() {
+    local what=$1
+    shift
+    if "$@"; then passed=$((passed + 1)); echo "ok: $what"; else failed=$((failed + 1)); echo "FAILED: $what"; fi
+}
+has() { grep -qx "$2" <<<"$1"; }
+lacks() { ! grep -qx "$2" <<<"$1"; }
+count() { grep -c "$2" <<<"$1"; }
+
+b15=$("$HERE/install-deps.sh" --print 15)
+b18=$("$HERE/install-deps.sh" --print 18)
+t=$("$HERE/install-deps.sh" --print --test)
+for p in patroni etcd-server etcd-client sudo patchelf; do
+    check "make install PG_MAJOR=15 does not install $p" lacks "$b15" "package $p"
+done
+for p in patroni etcd-server sudo postgresql-15 postgresql-server-dev-15; do
+    check "make install PG_MAJOR=18 does not install $p" lacks "$b18" "package $p"
+done
+check "make install PG_MAJOR=15 installs PostgreSQL 15 and its headers" \
+    bash -c "grep -qx 'package postgresql-server-dev-15' <<<'$b15' && grep -qx 'postgresql 15' <<<'$b15'"
+check "make install PG_MAJOR=15 installs no other major" test "$(count "$b15" '^postgresql ')" = 1
+check "make install PG_MAJOR=18 installs PostgreSQL 18 (and patchelf for it) only" \
+    bash -c "grep -qx 'postgresql 18' <<<'$b18' && grep -qx 'package patchelf' <<<'$b18' && [ \$(grep -c '^postgresql ' <<<'$b18') = 1 ]"
+for p in patroni etcd-server etcd-client sudo patchelf postgresql-server-dev-15; do
+    check "make test installs $p" has "$t" "package $p"
+done
+check "make test installs every supported major" \
+    test "$(count "$t" '^postgresql ')" = "$(awk '$0 !~ /^#/ && $1 ~ /^[0-9]+$/' "$HERE/postgresql-versions" | wc -l)"
+echo "$passed passed, $failed failed"
+[ "$failed" = 0 ]
