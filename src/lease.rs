@@ -136,8 +136,7 @@ fn safe_frontier() -> Result<i64, TsoError> {
         Ok((st.phase == Phase::Serving).then(|| st.allocator.high_water_ms()))
     })?
     .ok_or_else(|| not_serving(signals, phase))?;
-    let lowest = LEASE_BOUNDS.share().lowest_live_bound(crate::clock::sample());
-    Ok(lowest.map_or(high_water, |b| b.min(high_water)) as i64)
+    Ok(LEASE_BOUNDS.share().frontier(high_water, crate::clock::sample()) as i64)
 }
 
 #[cfg(any(test, feature = "pg_test"))]

@@ -435,9 +435,10 @@ impl LeaseBounds {
         self.live = bounds.live();
     }
 
-    /// The lowest bound among leases still live at `now`.
-    pub fn lowest_live_bound(&self, now: crate::clock::Sample) -> Option<u64> {
-        tsoracle_core::lease::lowest_live_bound(
+    /// The safe frontier at `now`: `high_water_ms`, held down by every lease still live.
+    pub fn frontier(&self, high_water_ms: u64, now: crate::clock::Sample) -> u64 {
+        tsoracle_core::lease::frontier(
+            high_water_ms,
             &self.entries[..self.len.min(MAX_LEASES)],
             now.wall_ms,
             now.mono_ms,

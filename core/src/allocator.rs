@@ -132,7 +132,8 @@ impl Allocator {
         }
     }
 
-    /// Would a grant of `count` at now_ms succeed? (no state change)
+    /// Would a grant of `count` at now_ms succeed? (no state change) Model only: the property
+    /// tests predict grants with it; production grants from the lock-free window.
     pub fn would_grant(&self, now_ms: u64, count: u32) -> bool {
         let mut probe = *self;
         probe.try_grant(now_ms, count).is_ok()
@@ -218,7 +219,8 @@ impl Allocator {
     }
 
     /// True when less than half of window_ahead_ms remains (see `window_left_ms`);
-    /// false when not serving.
+    /// false when not serving. Model only (the property tests): the worker decides with
+    /// [`needs_capped_extension`](Self::needs_capped_extension), which also applies the lead cap.
     pub fn needs_extension(&self, now_ms: u64, window_ahead_ms: u64) -> bool {
         self.serving && self.window_left_ms(now_ms) < window_ahead_ms / 2
     }

@@ -234,13 +234,31 @@ impl LeaseTable {
     }
 
     /// The safe frontier: the high-water, held down by the bound of every live lease
-    /// (superseded ones too, until they expire).
+    /// (superseded ones too, until they expire). The model the property tests hold the table
+    /// to; production publishes [`PublishedBounds`] and every backend computes [`frontier`].
     pub fn frontier(&self, high_water_ms: u64, now_ms: u64) -> u64 {
         self.iter()
             .filter(|l| l.is_live(now_ms))
             .map(|l| l.ts_upper_bound_ms)
             .fold(high_water_ms, u64::min)
     }
+}
+
+/// A new lease's bound, which is also its id: the high-water moved to at least
+/// `max(high_water + 1, now + ttl)`, so ids are unique (each is above every earlier bound) and
+/// grants do not stack (the high-water moves no further than `now + ttl` unless it is already
+/// there). Within the timestamp range.
+pub fn acquire_bound_ms(high_water_ms: u64, now_ms: u64, ttl_ms: u64) -> u64 {
+    high_water_ms
+        .saturating_add(1)
+        .max(now_ms.saturating_add(ttl_ms))
+        .min(crate::timestamp::MAX_SQL_PHYSICAL_MS)
+}
+
+/// A renewal's bound: `max(high_water, now + ttl)` (a renewal makes no id). However often a
+/// lease is renewed, the high-water ends no further than `now + ttl`.
+pub fn renewal_bound_ms(high_water_ms: u64, now_ms: u64, ttl_ms: u64) -> u64 {
+    high_water_ms.max(now_ms.saturating_add(ttl_ms)).min(crate::timestamp::MAX_SQL_PHYSICAL_MS)
 }
 
 /// One live lease as published for the frontier: its bound and when it stops holding the

@@ -5,6 +5,7 @@
 pub mod allocator;
 pub mod clock;
 pub mod error;
+pub mod fence;
 pub mod lease;
 pub mod queue;
 pub mod seq;

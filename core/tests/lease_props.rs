@@ -293,3 +293,30 @@ proptest! {
         }
     }
 }
+
+proptest! {
+    /// Acquire and renewal bounds: a new bound is above the high-water (a unique id) and gives
+    /// the holder its TTL from now; renewals never stack (renewing again at the same moment
+    /// moves nothing), and neither moves the high-water past max(H + 1, now + ttl).
+    #[test]
+    fn lease_bounds_are_unique_cover_the_ttl_and_do_not_stack(
+        high_water in 0u64..2_000_000_000_000,
+        now in 0u64..2_000_000_000_000,
+        ttl in 1u64..86_400_000,
+        renewals in 1usize..50,
+    ) {
+        use tsoracle_core::lease::{acquire_bound_ms, renewal_bound_ms};
+        let bound = acquire_bound_ms(high_water, now, ttl);
+        prop_assert!(bound > high_water);
+        prop_assert!(bound >= now + ttl);
+        prop_assert_eq!(bound, (high_water + 1).max(now + ttl));
+        let mut hw = bound;
+        for _ in 0..renewals {
+            let renewed = renewal_bound_ms(hw, now, ttl);
+            prop_assert!(renewed >= hw && renewed >= now + ttl);
+            prop_assert_eq!(renewed, hw, "renewing at the same moment moves nothing");
+            hw = renewed;
+        }
+        prop_assert_eq!(renewal_bound_ms(high_water, now, ttl), high_water.max(now + ttl));
+    }
+}

@@ -7,8 +7,8 @@ use crate::shmem::{Phase, ORACLE};
 use pgrx::bgworkers::BackgroundWorker;
 use pgrx::prelude::*;
 use std::time::Instant;
+use tsoracle_core::fence;
 use tsoracle_core::lease::{Lease, LeaseTable};
-use tsoracle_core::timestamp::MAX_SQL_PHYSICAL_MS;
 
 impl Worker {
     /// Strict mode only: wait (not serving, `tso_status().detail` says why) until a
@@ -75,13 +75,12 @@ impl Worker {
             let promoted = prior_epoch.is_some_and(|e| e < i64::from(timeline));
             crate::replica::warn_if_unprotected();
             let now = now_ms();
-            let floor_ms = (prior.max(remembered_ms) + 1).max(now).max(min_floor_ms);
-            if floor_ms > MAX_SQL_PHYSICAL_MS {
+            let Ok(floor_ms) = fence::floor_ms(prior, remembered_ms, now, min_floor_ms) else {
                 return Err(format!(
                     "the durable high-water ({prior} ms) is at the top of the timestamp range: no timestamp can be issued above it"
                 ));
-            }
-            let requested = floor_ms.saturating_add(advance).min(MAX_SQL_PHYSICAL_MS);
+            };
+            let requested = fence::request_ms(floor_ms, advance);
             let (actual, epoch) = Spi::get_two_with_args::<i64, i64>(
                 "INSERT INTO tsoracle.high_water AS h (id, physical_ms, epoch) VALUES (true, $1, $2) \
                  ON CONFLICT (id) DO UPDATE SET physical_ms = GREATEST(h.physical_ms, EXCLUDED.physical_ms), \

@@ -10,9 +10,11 @@ use pgrx::bgworkers::BackgroundWorker;
 use pgrx::prelude::*;
 use tsoracle_core::allocator::WindowExtension;
 use tsoracle_core::error::CoreError;
-use tsoracle_core::lease::{AcquireOutcome, Lease, LeaseTable, PublishedBound, PublishedBounds};
+use tsoracle_core::lease::{
+    acquire_bound_ms, renewal_bound_ms, AcquireOutcome, Lease, LeaseTable, PublishedBound,
+    PublishedBounds,
+};
 use tsoracle_core::queue::Ticket;
-use tsoracle_core::timestamp::MAX_SQL_PHYSICAL_MS;
 
 impl Worker {
     /// Purge leases expired longer than the retention from memory and from the table, and
@@ -119,7 +121,7 @@ pub(super) fn mutate_leases(
                         denied(active.owner)
                     }
                     _ => {
-                        let bound = lease_bound(high_water, now, ttl);
+                        let bound = acquire_bound_ms(high_water, now, ttl);
                         match leases.plan_acquire(
                             holder,
                             holder_epoch,
@@ -158,7 +160,7 @@ pub(super) fn mutate_leases(
                 Some((_, owner)) if !checks.may_manage(r.role, owner) => denied(owner),
                 found => {
                     let ttl = found.map_or(0, |(ttl, _)| ttl);
-                    let bound = renewal_bound(high_water, now, ttl);
+                    let bound = renewal_bound_ms(high_water, now, ttl);
                     match leases.renew(r.arg, ttl, now, bound) {
                         Ok(lease) => {
                             high_water = high_water.max(bound);
@@ -200,20 +202,6 @@ pub(super) fn mutate_leases(
         write.execute();
     }
     high_water
-}
-
-/// A new lease's bound, which is also its id: the high-water moved to at least
-/// `max(high_water + 1, now + ttl)`, so ids are unique (each is above every earlier bound)
-/// and grants do not stack (the high-water moves no further than `now + ttl` unless it is
-/// already there).
-fn lease_bound(high_water: u64, now: u64, ttl: u64) -> u64 {
-    high_water.saturating_add(1).max(now.saturating_add(ttl)).min(MAX_SQL_PHYSICAL_MS)
-}
-
-/// A renewal's bound: `max(high_water, now + ttl)` (a renewal makes no id). However often a
-/// lease is renewed, the high-water ends no further than `now + ttl`.
-fn renewal_bound(high_water: u64, now: u64, ttl: u64) -> u64 {
-    high_water.max(now.saturating_add(ttl)).min(MAX_SQL_PHYSICAL_MS)
 }
 
 fn lease_error_reply(error: &CoreError) -> Reply {

@@ -1,0 +1,79 @@
+//! The fence's arithmetic (docs/worker.md, "The fence"): where the oracle may start serving
+//! after a start, crash restart, promotion, restore or seed, and what it commits first.
+//! The worker does the I/O around exactly these functions.
+
+use crate::error::CoreError;
+use crate::timestamp::MAX_SQL_PHYSICAL_MS;
+
+/// The floor of a new epoch: strictly above the durable high-water read from the table and
+/// above the highest one this server committed in its lifetime (the table may have been
+/// recreated or restored lower underneath it), at least the clock, and at least a requested
+/// seed. Every timestamp issued before the fence has a physical part at most one of those
+/// high-waters, so below the floor.
+/// `PhysicalOutOfRange` when the floor would be above the last millisecond a timestamp can be
+/// issued in (the oracle then refuses to serve rather than fence in a loop).
+pub fn floor_ms(
+    durable_ms: u64,
+    remembered_ms: u64,
+    now_ms: u64,
+    seed_ms: u64,
+) -> Result<u64, CoreError> {
+    let floor = durable_ms.max(remembered_ms).saturating_add(1).max(now_ms).max(seed_ms);
+    if floor > MAX_SQL_PHYSICAL_MS {
+        return Err(CoreError::PhysicalOutOfRange(floor));
+    }
+    Ok(floor)
+}
+
+/// What the fence commits ("advance to at least"): `failover_advance_ms` above the floor,
+/// within the timestamp range. Never below the floor.
+pub fn request_ms(floor_ms: u64, failover_advance_ms: u64) -> u64 {
+    floor_ms.saturating_add(failover_advance_ms).min(MAX_SQL_PHYSICAL_MS).max(floor_ms)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn the_floor_starts_above_every_high_water() {
+        assert_eq!(floor_ms(0, 0, 1_000, 0), Ok(1_000), "a first fence starts at the clock");
+        assert_eq!(floor_ms(5_000, 0, 1_000, 0), Ok(5_001), "above the durable high-water");
+        assert_eq!(floor_ms(5_000, 9_000, 1_000, 0), Ok(9_001), "above what this server committed");
+        assert_eq!(floor_ms(5_000, 0, 1_000, 7_000), Ok(7_000), "at the seed");
+        assert_eq!(
+            floor_ms(MAX_SQL_PHYSICAL_MS, 0, 0, 0),
+            Err(CoreError::PhysicalOutOfRange(MAX_SQL_PHYSICAL_MS + 1))
+        );
+        assert_eq!(request_ms(1_000, 500), 1_500);
+        assert_eq!(request_ms(MAX_SQL_PHYSICAL_MS, 500), MAX_SQL_PHYSICAL_MS);
+    }
+
+    proptest! {
+        /// The floor is above both high-waters, at least the clock and the seed, and the
+        /// request is between the floor and the top of the range.
+        #[test]
+        fn floor_and_request_bound_everything_before(
+            durable in 0u64..=MAX_SQL_PHYSICAL_MS,
+            remembered in 0u64..=MAX_SQL_PHYSICAL_MS,
+            now in 0u64..=u64::MAX,
+            seed in 0u64..=MAX_SQL_PHYSICAL_MS,
+            advance in 0u64..=3_600_000,
+        ) {
+            match floor_ms(durable, remembered, now, seed) {
+                Ok(floor) => {
+                    prop_assert!(floor > durable && floor > remembered);
+                    prop_assert!(floor >= now && floor >= seed);
+                    prop_assert!(floor <= MAX_SQL_PHYSICAL_MS);
+                    let request = request_ms(floor, advance);
+                    prop_assert!(request >= floor && request <= MAX_SQL_PHYSICAL_MS);
+                    prop_assert!(request == (floor + advance).min(MAX_SQL_PHYSICAL_MS));
+                }
+                Err(_) => prop_assert!(
+                    durable.max(remembered) >= MAX_SQL_PHYSICAL_MS || now > MAX_SQL_PHYSICAL_MS
+                ),
+            }
+        }
+    }
+}
