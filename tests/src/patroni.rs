@@ -130,7 +130,7 @@ pub struct PatroniOpts {
 /// A primary issues timestamps only until `tsoracle.window_ahead_ms` after the start of its last
 /// commit its synchronous standby acknowledged; with the default `ttl 16`, `loop_wait 1`,
 /// `retry_timeout 5`: `window_ahead_ms = 1 s < ttl - loop_wait - retry_timeout = 10 s`, leaving
-/// 9 s for clock error (README, "Under Patroni"). `tsoracle.extension_timeout_ms` is how long a
+/// 9 s for clock error (docs/operations/patroni.md). `tsoracle.extension_timeout_ms` is how long a
 /// caller of a primary that can no longer commit waits before it gets 57P03 (and reconnects,
 /// which finds the new leader).
 pub const DEFAULT_PARAMETERS: &[(&str, &str)] = &[

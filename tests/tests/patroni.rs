@@ -23,7 +23,7 @@
 //!    returns is below what the new leader returned before (the real-time order check over the
 //!    one history of both nodes), and it serves nothing at all once awake: it issues only until
 //!    `tsoracle.window_ahead_ms` after the start of its last commit its synchronous standby
-//!    acknowledged, long past (README, "Under Patroni").
+//!    acknowledged, long past (docs/operations/patroni.md).
 //! 4. The old leader of scenario 3 rejoins as a standby through `pg_rewind`; the third member
 //!    is stopped, so the old leader becomes the synchronous standby, and the leader is killed
 //!    again: the failover goes back to it.
@@ -665,7 +665,8 @@ fn expect_strict_refusal(c: &mut Client, what: &str) {
 
 // ---------------------------------------------------------------------------------------- README
 
-/// The configuration the README shows ("Under Patroni") is the one this harness generates and
+/// The configuration the Patroni guide shows (docs/operations/patroni.md) is the one this
+/// harness generates and
 /// the tests above run, for the member `pg1` with ports 8008 (REST), 5432 (PostgreSQL) and
 /// 2379 (etcd).
 #[test]
@@ -681,10 +682,13 @@ fn readme_shows_the_tested_configuration() {
         bin_dir: "/usr/lib/postgresql/15/bin".into(),
     };
     let yaml = render_config(&member, &PatroniOpts::default());
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md"))
-        .expect("read README.md");
+    let guide = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../docs/operations/patroni.md"
+    ))
+    .expect("read docs/operations/patroni.md");
     assert!(
-        readme.contains(&format!("```yaml\n{yaml}```\n")),
-        "README.md (section \"Under Patroni\") does not show the configuration the harness generates:\n{yaml}"
+        guide.contains(&format!("```yaml\n{yaml}```\n")),
+        "docs/operations/patroni.md does not show the configuration the harness generates:\n{yaml}"
     );
 }

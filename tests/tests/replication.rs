@@ -14,7 +14,7 @@
 //! `tsoracle.window_ahead_ms` after its last confirmed commit (the last test checks it). Those
 //! values are still below everything the new primary issues (test 1 checks it); a failover
 //! procedure that elects a new primary sooner than that after cutting the old one off would
-//! let a client see time go back (README: "Under Patroni").
+//! let a client see time go back (docs/operations/patroni.md).
 //!
 //! Run with: `cargo test -p tsoracle-tests --test replication -- --test-threads=1`
 
