@@ -7,7 +7,7 @@ PG_MAJOR ?= 15
 PG_MAJORS := 15 16 17 18
 # What `make test` runs on every major: the #[pg_test]s and these integration suites ...
 TEST_MAJORS ?= $(PG_MAJORS)
-QUICK_SUITES := foundation harness leases sequences security clocks drops
+QUICK_SUITES := foundation harness leases sequences security clocks drops resolved
 # ... and on the oldest and the newest, also the crash, failover and backup suites.
 FULL_MAJORS ?= 15 18
 FULL_SUITES := $(QUICK_SUITES) replication backup patroni

@@ -275,6 +275,27 @@ start_sampler() {
     "${PSQL[@]}" -f "$out.sql" >"$out" 2>/dev/null &
     SAMPLER_PID=$!
 }
+# Sample how far the resolved timestamp lags the last issued value (tso_resolved_status().lag_ms)
+# every 50 ms, into $1, for about as long as one run (INSERT ... DEFAULT tso_next() runs).
+start_lag_sampler() {
+    local out=$1 n=$(( ${RUN_SECS:-$SECS} * 20 - 2 ))
+    {
+        for _ in $(seq 1 "$n"); do
+            echo "SELECT pg_sleep(0.05) \\g /dev/null"
+            echo "SELECT lag_ms FROM tso_resolved_status();"
+        done
+    } >"$out.sql"
+    "${PSQL[@]}" -f "$out.sql" >"$out" 2>/dev/null &
+    LAG_SAMPLER_PID=$!
+}
+stop_lag_sampler() {
+    if [ -n "${LAG_SAMPLER_PID:-}" ]; then
+        for _ in $(seq 1 30); do kill -0 "$LAG_SAMPLER_PID" 2>/dev/null || break; sleep 0.1; done
+        kill "$LAG_SAMPLER_PID" 2>/dev/null
+        wait "$LAG_SAMPLER_PID" 2>/dev/null
+        LAG_SAMPLER_PID=""
+    fi
+}
 stop_sampler() {
     if [ -n "${SAMPLER_PID:-}" ]; then
         for _ in $(seq 1 30); do kill -0 "$SAMPLER_PID" 2>/dev/null || break; sleep 0.1; done
@@ -313,10 +334,15 @@ run_pgbench() {
     check_server
     local out="$RUNS/$tag.out"
     start_sampler "$RUNS/$tag.waits"
+    [ "$name" = ins_tso ] && start_lag_sampler "$RUNS/$tag.lag"
     "$SYSBIN/pgbench" -h "$WORK" -p "$PORT" -U postgres -n -M prepared -T "${RUN_SECS:-$SECS}" -c "$clients" -j "$jobs" \
         -f "$HERE/$script.sql" "$@" postgres >"$out" 2>&1
     local rc=$?
     stop_sampler
+    if [ "$name" = ins_tso ]; then
+        stop_lag_sampler
+        rec lag "$name" "$clients" "$rep" "$RUNS/$tag.lag"
+    fi
     local tps
     tps=$(sed -n 's/^tps = \([0-9.]*\) (without initial connection time)/\1/p' "$out" | head -n 1)
     if [ "$rc" -ne 0 ] || [ -z "$tps" ]; then
@@ -360,6 +386,12 @@ for c in $CLIENTS; do
     for r in $(seq 1 "$REPS"); do
         interleave "$c" "$r" select1 tso_next nextval clock
     done
+done
+
+# --- 1b. tso_resolved(): cheap enough to poll ----------------------------------------------------
+echo "==> throughput: tso_resolved() vs SELECT 1 ($BATCH_CLIENTS clients)" >&2
+for r in $(seq 1 "$REPS"); do
+    interleave "$BATCH_CLIENTS" "$r" select1 resolved
 done
 
 # --- 2. per-call cost inside one backend -----------------------------------------------------

@@ -52,6 +52,26 @@ CREATE TRIGGER merge_restored_row BEFORE INSERT ON tsoracle.seq
 CREATE TRIGGER merge_restored_row BEFORE INSERT ON tsoracle.lease
     FOR EACH ROW EXECUTE FUNCTION tsoracle.merge_restored_row();
 
+-- Only the worker writes tsoracle.resolved: a row written by anyone else would move the
+-- resolved timestamp that standbys serve.
+CREATE FUNCTION tsoracle.only_the_worker() RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF tsoracle.note_restore() THEN
+        RAISE EXCEPTION 'only the tsoracle worker writes table %.%', TG_TABLE_SCHEMA, TG_TABLE_NAME
+            USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    RETURN CASE WHEN TG_OP = 'DELETE' THEN OLD ELSE NEW END;
+END
+$$;
+REVOKE EXECUTE ON FUNCTION tsoracle.only_the_worker() FROM PUBLIC;
+CREATE TRIGGER only_the_worker BEFORE INSERT OR UPDATE OR DELETE ON tsoracle.resolved
+    FOR EACH ROW EXECUTE FUNCTION tsoracle.only_the_worker();
+CREATE TRIGGER only_the_worker_truncate BEFORE TRUNCATE ON tsoracle.resolved
+    FOR EACH STATEMENT EXECUTE FUNCTION tsoracle.only_the_worker();
+
 REVOKE EXECUTE ON FUNCTION tso_seed(bigint) FROM PUBLIC;
 
 -- Predefined roles. Sequences and leases are privileges: grant tsoracle_seq_user to roles

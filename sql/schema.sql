@@ -47,8 +47,21 @@ CREATE TABLE tsoracle.lease (
 COMMENT ON TABLE tsoracle.lease IS 'Live tsoracle leases; written only by the worker. Only owner (or a superuser) may renew or release a lease.';
 SELECT pg_catalog.pg_extension_config_dump('tsoracle.lease', '');
 
+-- The resolved timestamp as the worker last published it (tso_resolved() on a hot standby
+-- reads it as far as the standby has replayed). Written by the worker only; not dumped (it is
+-- derived, and a restored cluster publishes its own).
+CREATE TABLE tsoracle.resolved (
+    id         boolean PRIMARY KEY DEFAULT true CHECK (id),
+    ts         bigint NOT NULL CHECK (ts >= 0),
+    updated_at timestamptz NOT NULL DEFAULT now()
+);
+COMMENT ON TABLE tsoracle.resolved IS 'The resolved timestamp the tsoracle worker last published: every timestamp at or below ts was issued to a transaction that had ended.';
+INSERT INTO tsoracle.resolved (id, ts) VALUES (true, 0);
+
 REVOKE ALL ON SCHEMA tsoracle FROM PUBLIC;
 REVOKE ALL ON ALL TABLES IN SCHEMA tsoracle FROM PUBLIC;
 -- The high-water may be read by anyone (monitoring, tso_status() on a standby).
 GRANT USAGE ON SCHEMA tsoracle TO PUBLIC;
 GRANT SELECT ON tsoracle.high_water TO PUBLIC;
+-- And the published resolved timestamp (tso_resolved() on a standby).
+GRANT SELECT ON tsoracle.resolved TO PUBLIC;

@@ -48,6 +48,14 @@ pub enum TsoError {
     #[error("permission denied: {0}")]
     InsufficientPrivilege(String),
 
+    /// `PREPARE TRANSACTION` of a transaction that took timestamps (`crate::resolved`).
+    #[error("cannot PREPARE a transaction that has taken tsoracle timestamps")]
+    PrepareRefused,
+
+    /// `tso_wait_resolved` in a transaction that itself holds the resolved timestamp back.
+    #[error("this transaction holds tsoracle timestamp {0}: the resolved timestamp cannot pass it before the transaction ends")]
+    WaitOnItself(u64),
+
     /// A drop that would lose the durable high-water (`crate::guard`).
     #[error("cannot drop {0}: it holds the durable high-water of tsoracle, below which no timestamp may be issued again")]
     DropRefused(String),
@@ -72,6 +80,8 @@ impl TsoError {
             TsoError::OutcomeUnknown(_) => ERRCODE_T_R_STATEMENT_COMPLETION_UNKNOWN,
             TsoError::InsufficientPrivilege(_) => ERRCODE_INSUFFICIENT_PRIVILEGE,
             TsoError::DropRefused(_) => ERRCODE_OBJECT_IN_USE,
+            TsoError::PrepareRefused => ERRCODE_FEATURE_NOT_SUPPORTED,
+            TsoError::WaitOnItself(_) => ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
             TsoError::Internal(_) => ERRCODE_INTERNAL_ERROR,
         }
     }
@@ -94,6 +104,14 @@ impl TsoError {
             TsoError::TooManyLeases(_) => Some("Release leases that are no longer used (tso_lease_release).".into()),
             TsoError::OutcomeUnknown(_) => Some(
                 "Check with tso_seq_peek(): a block the worker committed for a caller that left is a gap, never granted again."
+                    .into(),
+            ),
+            TsoError::PrepareRefused => Some(
+                "A prepared transaction outlives its session, and the resolved timestamp could not tell when it ends: take timestamps outside two-phase transactions, or commit without PREPARE."
+                    .into(),
+            ),
+            TsoError::WaitOnItself(_) => Some(
+                "Wait for the resolved timestamp in another transaction, after this one has committed."
                     .into(),
             ),
             TsoError::DropRefused(_) => Some(format!(

@@ -17,6 +17,7 @@ pub static REQUIRE_SYNCHRONOUS_STANDBY: GucSetting<bool> = GucSetting::<bool>::n
 pub static HA_TTL_MS: GucSetting<i32> = GucSetting::<i32>::new(0);
 pub static EXPIRED_LEASE_RETENTION_MS: GucSetting<i32> = GucSetting::<i32>::new(600_000);
 pub static ALLOW_DROP: GucSetting<bool> = GucSetting::<bool>::new(false);
+pub static RESOLVED_INTERVAL_MS: GucSetting<i32> = GucSetting::<i32>::new(100);
 #[cfg(feature = "clock-fault")]
 pub static TEST_CLOCK_OFFSET_MS: GucSetting<i32> = GucSetting::<i32>::new(0);
 
@@ -137,6 +138,16 @@ pub fn define() {
         GucContext::Sighup,
         GucFlags::UNIT_MS,
     );
+    GucRegistry::define_int_guc(
+        c"tsoracle.resolved_interval_ms",
+        c"How often the worker publishes the resolved timestamp to standbys and logical decoding.",
+        c"Only when it advanced: an idle primary publishes nothing. Each publication is one worker commit.",
+        &RESOLVED_INTERVAL_MS,
+        10,
+        60_000,
+        GucContext::Sighup,
+        GucFlags::UNIT_MS,
+    );
     GucRegistry::define_bool_guc(
         c"tsoracle.allow_drop",
         c"Let this session drop the extension tsoracle, its high-water table or its database.",
@@ -238,4 +249,8 @@ unsafe extern "C-unwind" fn assign_test_clock_offset(
     if let Some(signals) = crate::shmem::SIGNALS.get() {
         signals.set_test_clock_offset_ms(i64::from(newval));
     }
+}
+
+pub fn resolved_interval_ms() -> u64 {
+    RESOLVED_INTERVAL_MS.get().max(1) as u64
 }

@@ -17,6 +17,7 @@ mod guc;
 mod lease;
 mod oracle;
 mod replica;
+mod resolved;
 mod restore;
 mod seq;
 mod shmem;

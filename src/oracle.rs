@@ -74,8 +74,16 @@ pub fn next(count: i64) -> Result<u64, TsoError> {
             ))
         })?;
 
+    // The resolved timestamp: this transaction holds what it takes until it ends.
+    let fresh = crate::resolved::hold(signals);
+    let granted = |first: u64| {
+        if fresh {
+            crate::resolved::raise(first);
+        }
+        first
+    };
     let blocked = match try_grant(signals, count)? {
-        Ok(first) => return Ok(first),
+        Ok(first) => return Ok(granted(first)),
         // Waiting cannot help: say why at once.
         Err(Blocked::NotServing(Phase::Refused)) => {
             return Err(not_serving(signals, Phase::Refused))
@@ -94,7 +102,7 @@ pub fn next(count: i64) -> Result<u64, TsoError> {
         }
     })?;
     match outcome {
-        Some(first) => Ok(first),
+        Some(first) => Ok(granted(first)),
         None => Err(match last_block {
             Blocked::NotServing(phase) => not_serving(signals, phase),
             Blocked::Exhausted => match refusal_and_phase() {

@@ -435,6 +435,15 @@ impl LeaseBounds {
         self.live = bounds.live();
     }
 
+    /// The first millisecond a lease still live at `now` may be stamped in.
+    pub fn earliest_live_from(&self, now: crate::clock::Sample) -> Option<u64> {
+        tsoracle_core::lease::earliest_live_from(
+            &self.entries[..self.len.min(MAX_LEASES)],
+            now.wall_ms,
+            now.mono_ms,
+        )
+    }
+
     /// The safe frontier at `now`: `high_water_ms`, held down by every lease still live.
     pub fn frontier(&self, high_water_ms: u64, now: crate::clock::Sample) -> u64 {
         tsoracle_core::lease::frontier(
@@ -495,6 +504,11 @@ pub struct Signals {
     /// however its wall clock steps (see docs/replication.md). Written by the worker after
     /// each confirmed commit.
     serve_until: CacheLine<ServeUntil>,
+    /// The highest resolved timestamp computed in this server's life (`crate::resolved`).
+    resolved: CacheLine<AtomicU64>,
+    /// The last resolved timestamp the worker published to standbys, and when (wall ms).
+    published_resolved: AtomicU64,
+    published_resolved_at_ms: AtomicU64,
     /// Test builds: the offset of the wall clock every process reads (`crate::clock`).
     #[cfg(feature = "clock-fault")]
     test_clock_offset_ms: CacheLine<AtomicI64>,
@@ -551,6 +565,25 @@ impl Signals {
         let wall = self.serve_until.wall_ms.load(Ordering::Acquire).saturating_sub(now.wall_ms);
         let mono = self.serve_until.mono_ms.load(Ordering::Acquire).saturating_sub(now.mono_ms);
         wall.min(mono)
+    }
+
+    /// Raise the shared resolved timestamp to at least `r`; returns it (never lower than any
+    /// value returned before).
+    pub fn raise_resolved(&self, r: u64) -> u64 {
+        self.resolved.fetch_max(r, Ordering::AcqRel).max(r)
+    }
+
+    pub fn set_published_resolved(&self, r: u64, at_ms: u64) {
+        self.published_resolved.store(r, Ordering::Release);
+        self.published_resolved_at_ms.store(at_ms, Ordering::Release);
+    }
+
+    /// The last resolved timestamp published to standbys and when (0, 0: none yet).
+    pub fn published_resolved(&self) -> (u64, u64) {
+        (
+            self.published_resolved.load(Ordering::Acquire),
+            self.published_resolved_at_ms.load(Ordering::Acquire),
+        )
     }
 
     /// Test builds: offset the wall clock of every process by `offset_ms`.
@@ -697,6 +730,9 @@ impl PgSharedMemoryInitialization for SharedSignals {
                     issued: [const { CacheLine(AtomicU64::new(0)) }; ISSUED_SLOTS],
                     first_grant_ms: CacheLine(AtomicU64::new(0)),
                     serve_until: CacheLine(ServeUntil::default()),
+                    resolved: CacheLine(AtomicU64::new(0)),
+                    published_resolved: AtomicU64::new(0),
+                    published_resolved_at_ms: AtomicU64::new(0),
                     #[cfg(feature = "clock-fault")]
                     // After a crash restart too: the offset the postmaster has.
                     test_clock_offset_ms: CacheLine(AtomicI64::new(
@@ -727,6 +763,8 @@ pub fn init() {
     pgrx::pg_shmem_init!(QUEUE = QueueInit);
     pgrx::pg_shmem_init!(LEASE_BOUNDS);
     pgrx::pg_shmem_init!(SIGNALS = SignalsInit);
+    use crate::resolved::{HoldersInit, HOLDERS};
+    pgrx::pg_shmem_init!(HOLDERS = HoldersInit);
 }
 
 /// Shared signals, or `NotPreloaded`.

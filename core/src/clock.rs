@@ -3,7 +3,7 @@
 //! stops it.
 //!
 //! Two clocks are sampled together: the wall clock (`CLOCK_REALTIME`, which gives timestamps
-//! their physical part and can step either way) and a monotonic clock (`CLOCK_BOOTTIME`,
+//! their physical part and can step either way) and a monotonic clock (`CLOCK_MONOTONIC_COARSE`,
 //! which never steps and is the one elapsed time is measured on). The reference `R` is
 //!
 //! ```text

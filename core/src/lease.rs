@@ -271,6 +271,10 @@ pub struct PublishedBound {
     pub bound_ms: u64,
     pub expires_at_ms: u64,
     pub expires_mono_ms: u64,
+    /// The first millisecond its holder may still stamp: the server's clock when the lease
+    /// was granted or last renewed (`expires_at_ms − ttl_ms`). It holds the resolved
+    /// timestamp below it (`crate::resolved`).
+    pub held_from_ms: u64,
 }
 
 impl PublishedBound {
@@ -301,6 +305,7 @@ impl PublishedBounds {
                 bound_ms: rest[0].bound_ms,
                 expires_at_ms: rest.iter().map(|b| b.expires_at_ms).max().unwrap_or(0),
                 expires_mono_ms: rest.iter().map(|b| b.expires_mono_ms).max().unwrap_or(0),
+                held_from_ms: rest.iter().map(|b| b.held_from_ms).min().unwrap_or(0),
             });
         } else if capacity == 0 && !entries.is_empty() {
             // Nowhere to publish: never happens with the shared table, refuse to mislead.
@@ -323,6 +328,12 @@ impl PublishedBounds {
 /// lease part of the safe frontier, as every backend computes it.
 pub fn lowest_live_bound(entries: &[PublishedBound], wall_ms: u64, mono_ms: u64) -> Option<u64> {
     entries.iter().filter(|b| b.is_live(wall_ms, mono_ms)).map(|b| b.bound_ms).min()
+}
+
+/// The first millisecond any lease still live at (`wall_ms`, `mono_ms`) may be stamped in:
+/// the lease part of the resolved timestamp.
+pub fn earliest_live_from(entries: &[PublishedBound], wall_ms: u64, mono_ms: u64) -> Option<u64> {
+    entries.iter().filter(|b| b.is_live(wall_ms, mono_ms)).map(|b| b.held_from_ms).min()
 }
 
 /// The safe frontier from published bounds: the high-water, held down by every live bound.

@@ -8,6 +8,7 @@ pub mod error;
 pub mod fence;
 pub mod lease;
 pub mod queue;
+pub mod resolved;
 pub mod seq;
 pub mod timestamp;
 pub mod uuid;

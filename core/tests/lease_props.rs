@@ -271,14 +271,19 @@ proptest! {
     /// one, and equal to it when everything fits.
     #[test]
     fn published_bounds_never_ignore_a_live_lease(
-        leases in proptest::collection::vec((0u64..10_000, 0u64..2_000, 0u64..2_000), 0..300),
+        leases in proptest::collection::vec((0u64..10_000, 0u64..2_000, 0u64..2_000, 0u64..2_000), 0..300),
         capacity in 1usize..40,
         later in proptest::collection::vec((0u64..2_500, 0u64..2_500), 1..20),
     ) {
-        use tsoracle_core::lease::{frontier, PublishedBound, PublishedBounds};
+        use tsoracle_core::lease::{earliest_live_from, frontier, PublishedBound, PublishedBounds};
         let all: Vec<PublishedBound> = leases
             .iter()
-            .map(|&(bound_ms, expires_at_ms, expires_mono_ms)| PublishedBound { bound_ms, expires_at_ms, expires_mono_ms })
+            .map(|&(bound_ms, expires_at_ms, expires_mono_ms, held_from_ms)| PublishedBound {
+                bound_ms,
+                expires_at_ms,
+                expires_mono_ms,
+                held_from_ms,
+            })
             .collect();
         let published = PublishedBounds::new(all.clone(), capacity);
         prop_assert!(published.entries().len() <= capacity);
@@ -287,8 +292,13 @@ proptest! {
             let truth = frontier(u64::MAX, &all, wall, mono);
             let seen = frontier(u64::MAX, published.entries(), wall, mono);
             prop_assert!(seen <= truth, "published frontier {} above the true {}", seen, truth);
+            // The resolved timestamp's lease part: never later than the true one.
+            let from_truth = earliest_live_from(&all, wall, mono);
+            let from_seen = earliest_live_from(published.entries(), wall, mono);
+            prop_assert!(from_truth.is_none() || from_seen.is_some_and(|s| s <= from_truth.unwrap()));
             if all.len() <= capacity {
                 prop_assert_eq!(seen, truth);
+                prop_assert_eq!(from_seen, from_truth);
             }
         }
     }

@@ -39,6 +39,7 @@ lat = collections.defaultdict(dict)      # (workload, clients) -> {rep: log pref
 txns = collections.defaultdict(dict)     # (workload, clients) -> {rep: transactions}
 busy = collections.defaultdict(dict)     # (workload, clients) -> {rep: CPU busy % just after the run}
 waits = collections.defaultdict(list)    # (workload, clients) -> [files]
+lags = collections.defaultdict(list)     # (workload, clients) -> [files of lag_ms samples]
 status = {}
 fails = []
 
@@ -70,6 +71,8 @@ with open(args.results) as f:
             lat[(parts[1], int(parts[2]))][int(parts[3])] = parts[4]
         elif kind == "waits":
             waits[(parts[1], int(parts[2]))].append(parts[4])
+        elif kind == "lag":
+            lags[(parts[1], int(parts[2]))].append(parts[4])
         elif kind == "status":
             try:
                 status[parts[1]] = json.loads(parts[2])
@@ -292,6 +295,9 @@ def tps_row(label, cw, blabel, bw, c, target=None):
              noisy(cand, base, busy_keys=[(cw, c), (bw, c)]))
 
 
+for c in sorted({c for (w, c) in tps if w == "resolved"}):
+    tps_row("SELECT tso_resolved()", "resolved", "SELECT 1", "select1", c)
+
 write_clients = sorted({c for (w, c) in tps if w.startswith(("ins_", "upd_"))})
 for c in write_clients:
     tps_row("INSERT, ts DEFAULT tso_next()", "ins_tso", "ts DEFAULT clock_timestamp()", "ins_clock", c, 0.95)
@@ -301,6 +307,20 @@ for c in write_clients:
     tps_row("INSERT, id uuid DEFAULT tso_next_uuid()", "ins_uuid", "id DEFAULT gen_random_uuid()", "ins_rand", c, 0.95)
 for c in write_clients if any(w == "ins_uuidv7" for (w, _) in tps) else []:
     tps_row("INSERT, id uuid DEFAULT tso_next_uuid()", "ins_uuid", "id DEFAULT uuidv7() (PostgreSQL 18)", "ins_uuidv7", c, 0.95)
+for (wl, c), files in sorted(lags.items()):
+    samples = []
+    for f in files:
+        try:
+            with open(f) as fh:
+                samples += [int(line) for line in (l.strip() for l in fh) if line.lstrip("-").isdigit()]
+        except OSError:
+            pass
+    if samples:
+        samples.sort()
+        p50 = samples[len(samples) // 2]
+        p99 = samples[min(len(samples) - 1, (len(samples) * 99) // 100)]
+        rows.append(["lag of tso_resolved() behind the last issued, INSERT DEFAULT tso_next()", c,
+                     f"p50 {p50} ms, p99 {p99} ms", f"{len(samples)} samples", "-", "-", "report", "-"])
 for c in write_clients:
     tps_row("UPDATE SET version = tso_next()", "upd_tso", "version = clock_timestamp()", "upd_clock", c, 0.95)
 for c in write_clients:

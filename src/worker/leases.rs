@@ -61,6 +61,7 @@ impl Worker {
                 bound_ms: l.ts_upper_bound_ms,
                 expires_at_ms: l.expires_at_ms,
                 expires_mono_ms: self.lease_deadline(l.id),
+                held_from_ms: l.expires_at_ms.saturating_sub(l.ttl_ms),
             })
             .filter(move |b| b.is_live(now.wall_ms, now.mono_ms))
     }

@@ -14,6 +14,7 @@
 mod fence;
 mod leases;
 mod requests;
+mod resolved;
 mod sequences;
 
 use crate::clock::{self, now_ms};
@@ -141,6 +142,7 @@ pub extern "C-unwind" fn tsoracle_worker_main(_arg: pg_sys::Datum) {
         leases: LeaseTable::new(),
         lease_deadlines: std::collections::HashMap::new(),
         seq_statements: None,
+        resolved_due_mono_ms: 0,
     };
     loop {
         if !wait_for_extension(signals, &database) {
@@ -265,7 +267,7 @@ fn set_phase(signals: &Signals, phase: Phase) {
 }
 
 /// The tables this library reads and writes; each must be a member of the extension.
-const TABLES: [&str; 3] = ["high_water", "seq", "lease"];
+const TABLES: [&str; 4] = ["high_water", "seq", "lease", "resolved"];
 
 /// What the worker found of the extension in its database.
 enum ExtensionState {
@@ -390,6 +392,8 @@ struct Worker {
     leases: LeaseTable,
     /// When each lease stops holding the frontier on the monotonic clock (`clock::mono_ms`).
     lease_deadlines: std::collections::HashMap<i64, u64>,
+    /// When the resolved timestamp is next due to be published (`clock::mono_ms`).
+    resolved_due_mono_ms: u64,
     /// Plans of the group commit's statements, prepared once per worker life.
     seq_statements: Option<sequences::SeqStatements>,
 }
@@ -400,8 +404,11 @@ impl Worker {
     fn serve(&mut self) -> Stop {
         loop {
             let window_ahead = guc::window_ahead_ms();
-            // Wake often enough to extend before half of the window is gone.
-            let tick = Duration::from_millis((window_ahead / 8).clamp(1, 200));
+            // Wake often enough to extend before half of the window is gone, and to publish
+            // the resolved timestamp on time.
+            let tick = Duration::from_millis(
+                (window_ahead / 8).clamp(1, 200).min(guc::resolved_interval_ms().max(1)),
+            );
             if !BackgroundWorker::wait_latch(Some(tick)) {
                 return Stop::Exit;
             }
@@ -428,6 +435,7 @@ impl Worker {
 
             self.serve_requests();
             self.expire_leases();
+            self.publish_resolved();
 
             let requested = self.signals.take_extension_request();
             let sample = clock::sample();

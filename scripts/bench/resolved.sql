@@ -1,0 +1,1 @@
+SELECT tso_resolved();

@@ -1,0 +1,44 @@
+//! Publishing the resolved timestamp to hot standbys and to logical decoding.
+
+use super::Worker;
+use crate::clock;
+use crate::guc;
+use pgrx::bgworkers::BackgroundWorker;
+use pgrx::prelude::*;
+
+impl Worker {
+    /// Every `tsoracle.resolved_interval_ms`, if `R` advanced since the last time: write it
+    /// to `tsoracle.resolved` (standbys read it as far as they have replayed) and, with
+    /// `wal_level = logical`, emit it as a transactional message with prefix
+    /// `tsoracle.resolved` — in one transaction, which begins after every transaction holding
+    /// a value at or below `R` has ended, so its commit comes after theirs in the WAL and in
+    /// the change stream.
+    pub(super) fn publish_resolved(&mut self) {
+        let now = clock::mono_ms();
+        if now < self.resolved_due_mono_ms {
+            return;
+        }
+        self.resolved_due_mono_ms = now.saturating_add(guc::resolved_interval_ms());
+        let Ok(r) = crate::resolved::primary_resolved(self.signals) else {
+            return;
+        };
+        if r <= self.signals.published_resolved().0 {
+            return;
+        }
+        let written = BackgroundWorker::transaction(|| {
+            Spi::run_with_args(
+                "UPDATE tsoracle.resolved SET ts = GREATEST(ts, $1), updated_at = pg_catalog.now() WHERE id",
+                &[(r as i64).into()],
+            )?;
+            Spi::run_with_args(
+                "SELECT CASE WHEN pg_catalog.current_setting('wal_level') OPERATOR(pg_catalog.=) 'logical' \
+                     THEN pg_catalog.pg_logical_emit_message(true, 'tsoracle.resolved', $1::pg_catalog.text) END",
+                &[(r as i64).into()],
+            )
+        });
+        match written {
+            Ok(()) => self.signals.set_published_resolved(r, clock::now_ms()),
+            Err(e) => pgrx::warning!("tsoracle could not publish the resolved timestamp {r}: {e}"),
+        }
+    }
+}
