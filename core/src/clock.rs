@@ -7,7 +7,8 @@
 //! which never steps and is the one elapsed time is measured on). The reference `R` is
 //!
 //! ```text
-//! R(t) = max(wall(t), R(t0) + rate × (mono(t) − mono(t0)))      rate = 1/2
+//! R(t) = max(wall(t), R(t0) + rate × (mono(t) − mono(t0)))   while R(t0) > wall(t0)
+//! R(t) = max(wall(t), R(t0))                                 otherwise       rate = 1/2
 //! ```
 //!
 //! so it never goes down, it equals the wall clock while the wall clock is at or above it
@@ -100,7 +101,15 @@ impl ReferenceClock {
             }
             None => {}
         }
-        let units = elapsed.saturating_mul(AHEAD_RATE_NUM).saturating_add(self.carry);
+        // R goes on at the slow pace only while it was ahead of the wall clock at the last
+        // sample; otherwise the wall clock drove it, and it is the wall clock (never ahead of
+        // it by what a coarse monotonic clock's resolution makes of a short interval).
+        let was_ahead = self.reference_ms > self.last_wall_ms;
+        let units = if was_ahead {
+            elapsed.saturating_mul(AHEAD_RATE_NUM).saturating_add(self.carry)
+        } else {
+            0
+        };
         let slow = self.reference_ms.saturating_add(units / AHEAD_RATE_DEN);
         if wall_ms >= slow {
             self.reference_ms = wall_ms;
@@ -176,15 +185,15 @@ mod tests {
         assert_eq!(c.observe(W - 60_000 + 10, 10), Some(Step::Back(60_000)));
         assert_eq!(c.last_step_ms(), -60_000);
         assert_eq!(c.steps_back(), 1);
-        assert_eq!(c.reference_ms(), W + 5, "half of the 10 ms elapsed");
+        assert_eq!(c.reference_ms(), W, "it was not ahead before the step: it stays");
         // 2 × 60 s later the wall clock has caught up.
-        assert_eq!(c.observe(W - 60_000 + 100_000, 100_000), None);
-        assert_eq!(c.reference_ms(), W + 50_000);
-        assert_eq!(c.lead_ms(), 10_000);
-        c.observe(W - 60_000 + 120_000, 120_000);
+        assert_eq!(c.observe(W - 60_000 + 100_010, 100_010), None);
+        assert_eq!(c.reference_ms(), W + 50_000, "half of the 100 s elapsed since");
+        assert_eq!(c.lead_ms(), 9_990);
+        c.observe(W - 60_000 + 120_010, 120_010);
         assert_eq!(c.lead_ms(), 0);
-        c.observe(W - 60_000 + 120_001, 120_001);
-        assert_eq!(c.reference_ms(), W + 60_001, "the wall clock again");
+        c.observe(W - 60_000 + 120_011, 120_011);
+        assert_eq!(c.reference_ms(), W + 60_011, "the wall clock again");
     }
 
     #[test]
@@ -194,9 +203,23 @@ mod tests {
         assert_eq!(c.observe(W + 3_600_000 + 1_000, 1_000), Some(Step::Forward(3_600_000)));
         assert_eq!(c.reference_ms(), W + 3_601_000);
         assert_eq!(c.observe(W + 11_000, 11_000), Some(Step::Back(3_600_000)));
-        assert_eq!(c.reference_ms(), W + 3_601_000 + 5_000);
+        assert_eq!(c.reference_ms(), W + 3_601_000);
+        c.observe(W + 21_000, 21_000);
+        assert_eq!(c.reference_ms(), W + 3_601_000 + 5_000, "then at half pace");
         assert_eq!(c.steps_forward(), 1);
         assert_eq!(c.steps_back(), 1);
+    }
+
+    /// A coarse monotonic clock jumps by a tick (4 ms) where the wall clock moved 1 ms: while
+    /// the wall clock is at or above R, R is the wall clock, never ahead of it.
+    #[test]
+    fn a_coarse_monotonic_clock_never_puts_r_ahead_of_a_steady_wall_clock() {
+        let mut c = ReferenceClock::new();
+        c.observe(W, 0);
+        for i in 1..=1_000u64 {
+            c.observe(W + i, (i / 4) * 4 + 4);
+            assert_eq!(c.lead_ms(), 0, "tick {i}");
+        }
     }
 
     #[test]
