@@ -75,7 +75,7 @@ pub fn next(count: i64) -> Result<u64, TsoError> {
         })?;
 
     // The resolved timestamp: this transaction holds what it takes until it ends.
-    let fresh = crate::resolved::hold(signals);
+    let fresh = crate::resolved::hold(signals)?;
     let granted = |first: u64| {
         if fresh {
             crate::resolved::raise(first);

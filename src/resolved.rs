@@ -123,12 +123,17 @@ pub static HOLDERS: SharedHolders = SharedHolders::new(c"tsoracle_holders");
 static HELD: AtomicBool = AtomicBool::new(false);
 
 /// Before a grant: make sure this backend's slot holds a lower bound of what the grant will
-/// return. True when this call published it (the caller then [`raise`]s it to the value).
-pub fn hold(signals: &Signals) -> bool {
+/// return. True when this call published it (the caller then [`raise`]s it to the value). A
+/// backend without a slot gets nothing: the resolved timestamp could not account for it.
+pub fn hold(signals: &Signals) -> Result<bool, TsoError> {
     if HELD.load(Ordering::Relaxed) {
-        return false;
+        return Ok(false);
     }
-    let Some(slot) = HOLDERS.mine() else { return false };
+    let Some(slot) = HOLDERS.mine() else {
+        return Err(TsoError::Internal(
+            "this backend has no slot for the resolved timestamp".into(),
+        ));
+    };
     register_callbacks();
     // The window's next only grows, and every grant is at or above it: a lower bound.
     slot.min_ts.store(signals.window.next_ts().max(1), Ordering::Relaxed);
@@ -139,7 +144,7 @@ pub fn hold(signals: &Signals) -> bool {
     // fence came first read a window `next` at or below what this grant will get.
     fence(Ordering::SeqCst);
     HELD.store(true, Ordering::Relaxed);
-    true
+    Ok(true)
 }
 
 /// After the first grant of a transaction: the slot holds the value itself (still at or below
@@ -216,8 +221,21 @@ pub fn primary_resolved(signals: &Signals) -> Result<u64, TsoError> {
     Ok(signals.raise_resolved(r))
 }
 
-/// `R` on a hot standby: what the primary published, as far as this standby has replayed it.
+/// `R` on a hot standby: what the primary published, as far as this standby has replayed it,
+/// in `tsoracle.database` (the database whose table the worker writes).
 fn standby_resolved() -> Result<u64, TsoError> {
+    let database = crate::guc::database();
+    // SAFETY: MyDatabaseId is set for every backend that runs SQL; the name is a syscache
+    // lookup (NULL if the database is gone), copied at once.
+    let here = unsafe {
+        let name = pg_sys::get_database_name(pg_sys::MyDatabaseId);
+        (!name.is_null()).then(|| CStr::from_ptr(name).to_string_lossy().into_owned())
+    };
+    if here.as_deref() != Some(database.as_str()) {
+        return Err(TsoError::NotServing(format!(
+            "on a standby the resolved timestamp is read from table tsoracle.resolved in database \"{database}\" (tsoracle.database); connect there"
+        )));
+    }
     let found = Spi::connect(|client| {
         let present = client
             .select("SELECT pg_catalog.to_regclass('tsoracle.resolved') IS NOT NULL", None, &[])?
@@ -238,8 +256,7 @@ fn standby_resolved() -> Result<u64, TsoError> {
             "this standby has not replayed a resolved timestamp from the primary yet".into(),
         )),
         None => Err(TsoError::NotServing(format!(
-            "on a standby the resolved timestamp is read from table tsoracle.resolved, in database \"{}\" (tsoracle.database)",
-            crate::guc::database()
+            "database \"{database}\" (tsoracle.database) has no table tsoracle.resolved on this standby: the extension is not at version 0.3.0 there yet"
         ))),
     }
 }

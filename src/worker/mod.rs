@@ -142,7 +142,8 @@ pub extern "C-unwind" fn tsoracle_worker_main(_arg: pg_sys::Datum) {
         leases: LeaseTable::new(),
         lease_deadlines: std::collections::HashMap::new(),
         seq_statements: None,
-        resolved_due_mono_ms: 0,
+        // The first publication an interval after the worker starts.
+        resolved_published_mono_ms: clock::mono_ms(),
     };
     loop {
         if !wait_for_extension(signals, &database) {
@@ -392,8 +393,8 @@ struct Worker {
     leases: LeaseTable,
     /// When each lease stops holding the frontier on the monotonic clock (`clock::mono_ms`).
     lease_deadlines: std::collections::HashMap<i64, u64>,
-    /// When the resolved timestamp is next due to be published (`clock::mono_ms`).
-    resolved_due_mono_ms: u64,
+    /// When the resolved timestamp was last published, or considered (`clock::mono_ms`).
+    resolved_published_mono_ms: u64,
     /// Plans of the group commit's statements, prepared once per worker life.
     seq_statements: Option<sequences::SeqStatements>,
 }

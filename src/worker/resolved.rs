@@ -15,10 +15,10 @@ impl Worker {
     /// the change stream.
     pub(super) fn publish_resolved(&mut self) {
         let now = clock::mono_ms();
-        if now < self.resolved_due_mono_ms {
+        if now.saturating_sub(self.resolved_published_mono_ms) < guc::resolved_interval_ms() {
             return;
         }
-        self.resolved_due_mono_ms = now.saturating_add(guc::resolved_interval_ms());
+        self.resolved_published_mono_ms = now;
         let Ok(r) = crate::resolved::primary_resolved(self.signals) else {
             return;
         };

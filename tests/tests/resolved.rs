@@ -130,6 +130,58 @@ fn prepare_of_a_transaction_that_took_values_is_refused() {
     ok(c.batch_execute("COMMIT PREPARED 'plain'"), "COMMIT PREPARED");
 }
 
+// ---------------------------------------------------------------------------------------- 2b
+
+/// On a hot standby `R` is what the primary published, as far as the standby replayed it:
+/// before the first publication the standby answers 57P03, and so it does in a database
+/// other than `tsoracle.database`; after it, the standby's `R` covers a value the primary
+/// issued before.
+#[test]
+fn a_standby_serves_the_r_it_has_replayed_and_57p03_before() {
+    let mut primary = serving_node(
+        "resolved-standby-primary",
+        NodeOpts::new().setting("tsoracle.resolved_interval_ms", 60_000),
+    );
+    let mut p = primary.connect();
+    ok(p.batch_execute("CREATE DATABASE other"), "CREATE DATABASE");
+    let mut other = Client::connect(&primary.conninfo_for("postgres", "other"), postgres::NoTls)
+        .expect("connect to other");
+    ok(other.batch_execute("CREATE EXTENSION tsoracle"), "CREATE EXTENSION in other");
+    let mut standby = Node::base_backup_from(&primary, "resolved-standby").expect("pg_basebackup");
+    standby.start().expect("start the standby");
+    let mut s = standby.connect();
+    for (sql, what) in [
+        ("SELECT tso_resolved()", "tso_resolved() before any R was published"),
+        ("SELECT tso_wait_resolved(1, 10)", "tso_wait_resolved() before any R was published"),
+    ] {
+        let e = expect_sqlstate(s.query_one(sql, &[]), &SqlState::CANNOT_CONNECT_NOW, what);
+        let message = e.as_db_error().map(|d| d.message().to_string()).unwrap_or_default();
+        assert!(message.contains("has not replayed"), "{what}: {message}");
+    }
+    let mut so = Client::connect(&standby.conninfo_for("postgres", "other"), postgres::NoTls)
+        .expect("connect to other on the standby");
+    let e = expect_sqlstate(
+        so.query_one("SELECT tso_resolved()", &[]),
+        &SqlState::CANNOT_CONNECT_NOW,
+        "tso_resolved() on a standby outside tsoracle.database",
+    );
+    assert!(e.as_db_error().is_some_and(|d| d.message().contains("tsoracle.database")));
+    // Publishing again: the standby's R reaches a value the primary took before.
+    let v = ok(tso_next(&mut p), "tso_next() on the primary");
+    primary.set_conf("tsoracle.resolved_interval_ms", 50).expect("resolved_interval_ms");
+    let r = poll_until("the standby replays an R above the value", Duration::from_secs(30), || {
+        resolved(&mut s).ok().filter(|&r| r >= v)
+    });
+    let waited: i64 =
+        ok(s.query_one("SELECT tso_wait_resolved($1, 1000)", &[&v]), "wait on the standby").get(0);
+    assert!(waited >= r, "the standby's R went down: {waited} after {r}");
+    expect_sqlstate(
+        s.query_one("SELECT tso_next()", &[]),
+        &SqlState::READ_ONLY_SQL_TRANSACTION,
+        "tso_next() on the standby",
+    );
+}
+
 // ---------------------------------------------------------------------------------------- 3
 
 /// Rows a writer committed (acknowledged) and rows whose commit outcome it could not know.
