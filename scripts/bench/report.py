@@ -317,10 +317,10 @@ for (wl, c), files in sorted(lags.items()):
             pass
     if samples:
         samples.sort()
-        p50 = samples[len(samples) // 2]
-        p99 = samples[min(len(samples) - 1, (len(samples) * 99) // 100)]
+        lag_p50 = samples[len(samples) // 2]
+        lag_p99 = samples[min(len(samples) - 1, (len(samples) * 99) // 100)]
         rows.append(["lag of tso_resolved() behind the last issued, INSERT DEFAULT tso_next()", c,
-                     f"p50 {p50} ms, p99 {p99} ms", f"{len(samples)} samples", "-", "-", "report", "-"])
+                     f"p50 {lag_p50} ms, p99 {lag_p99} ms", f"{len(samples)} samples", "-", "-", "report", "-"])
 for c in write_clients:
     tps_row("UPDATE SET version = tso_next()", "upd_tso", "version = clock_timestamp()", "upd_clock", c, 0.95)
 for c in write_clients:
