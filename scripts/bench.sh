@@ -288,22 +288,15 @@ start_lag_sampler() {
     "${PSQL[@]}" -f "$out.sql" >"$out" 2>/dev/null &
     LAG_SAMPLER_PID=$!
 }
-stop_lag_sampler() {
-    if [ -n "${LAG_SAMPLER_PID:-}" ]; then
-        for _ in $(seq 1 30); do kill -0 "$LAG_SAMPLER_PID" 2>/dev/null || break; sleep 0.1; done
-        kill "$LAG_SAMPLER_PID" 2>/dev/null
-        wait "$LAG_SAMPLER_PID" 2>/dev/null
-        LAG_SAMPLER_PID=""
-    fi
+# stop_psql PID: give a sampler 3 s to end by itself, then end it.
+stop_psql() {
+    [ -n "$1" ] || return 0
+    for _ in $(seq 1 30); do kill -0 "$1" 2>/dev/null || break; sleep 0.1; done
+    kill "$1" 2>/dev/null
+    wait "$1" 2>/dev/null
 }
-stop_sampler() {
-    if [ -n "${SAMPLER_PID:-}" ]; then
-        for _ in $(seq 1 30); do kill -0 "$SAMPLER_PID" 2>/dev/null || break; sleep 0.1; done
-        kill "$SAMPLER_PID" 2>/dev/null
-        wait "$SAMPLER_PID" 2>/dev/null
-        SAMPLER_PID=""
-    fi
-}
+stop_lag_sampler() { stop_psql "${LAG_SAMPLER_PID:-}"; LAG_SAMPLER_PID=""; }
+stop_sampler() { stop_psql "${SAMPLER_PID:-}"; SAMPLER_PID=""; }
 
 # CPU busy % of the machine over $1 seconds while this benchmark is idle between runs, minus the
 # CPU its own cluster used meanwhile: what other tenants of the machine use (the figures of a

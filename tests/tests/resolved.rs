@@ -166,6 +166,15 @@ fn a_standby_serves_the_r_it_has_replayed_and_57p03_before() {
         "tso_resolved() on a standby outside tsoracle.database",
     );
     assert!(e.as_db_error().is_some_and(|d| d.message().contains("tsoracle.database")));
+    // Nobody but the worker writes the published R, superusers included.
+    for sql in [
+        "UPDATE tsoracle.resolved SET ts = 9223372036854775807",
+        "DELETE FROM tsoracle.resolved",
+        "TRUNCATE tsoracle.resolved",
+        "INSERT INTO tsoracle.resolved (id, ts) VALUES (true, 1) ON CONFLICT (id) DO UPDATE SET ts = 1",
+    ] {
+        expect_sqlstate(p.batch_execute(sql), &SqlState::INSUFFICIENT_PRIVILEGE, sql);
+    }
     // Publishing again: the standby's R reaches a value the primary took before.
     let v = ok(tso_next(&mut p), "tso_next() on the primary");
     primary.set_conf("tsoracle.resolved_interval_ms", 50).expect("resolved_interval_ms");
