@@ -34,8 +34,6 @@ use tsoracle_core::timestamp;
 pub struct HolderSlot {
     /// The lowest value the backend's open transaction may have taken; 0 = none.
     min_ts: AtomicU64,
-    /// Wall clock of its first grant in that transaction.
-    since_ms: AtomicU64,
     pid: AtomicI32,
 }
 
@@ -137,7 +135,6 @@ pub fn hold(signals: &Signals) -> Result<bool, TsoError> {
     register_callbacks();
     // The window's next only grows, and every grant is at or above it: a lower bound.
     slot.min_ts.store(signals.window.next_ts().max(1), Ordering::Relaxed);
-    slot.since_ms.store(clock::now_ms(), Ordering::Relaxed);
     // SAFETY: a plain read of this process's pid.
     slot.pid.store(unsafe { pg_sys::MyProcPid }, Ordering::Relaxed);
     // The slot is visible to any reader whose fence comes after this one; a reader whose
@@ -349,7 +346,7 @@ fn tso_resolved_status() -> TableIterator<
         _ => None,
     };
     let mut holders = 0;
-    let mut oldest: Option<(u64, i32, u64)> = None;
+    let mut oldest: Option<(u64, i32)> = None;
     for slot in HOLDERS.slots() {
         let v = slot.min_ts.load(Ordering::Acquire);
         if v == 0 {
@@ -357,11 +354,11 @@ fn tso_resolved_status() -> TableIterator<
         }
         holders += 1;
         if oldest.is_none_or(|(o, ..)| v < o) {
-            oldest =
-                Some((v, slot.pid.load(Ordering::Relaxed), slot.since_ms.load(Ordering::Relaxed)));
+            oldest = Some((v, slot.pid.load(Ordering::Relaxed)));
         }
     }
-    let since = oldest.and_then(|(.., ms)| {
+    // When it took it: the millisecond of its value (derived, so no clock read per transaction).
+    let since = oldest.map(|(v, _)| timestamp::physical_ms(v)).and_then(|ms| {
         TimestampWithTimeZone::try_from((ms as i64) * 1000 - 946_684_800_000_000).ok()
     });
     let (published, published_at) = signals.published_resolved();
@@ -369,8 +366,8 @@ fn tso_resolved_status() -> TableIterator<
         r.map(timestamp::to_sql),
         lag,
         holders,
-        oldest.map(|(_, pid, _)| pid),
-        oldest.map(|(v, ..)| timestamp::to_sql(v)),
+        oldest.map(|(_, pid)| pid),
+        oldest.map(|(v, _)| timestamp::to_sql(v)),
         since,
         (published > 0).then(|| timestamp::to_sql(published)),
         (published_at > 0).then_some(published_at as i64),
