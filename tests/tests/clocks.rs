@@ -67,13 +67,18 @@ fn clock_steps_never_send_timestamps_back_nor_stall() {
             offset = phase.offset_ms;
             set_clock_offset(&mut c, phase.offset_ms)
                 .unwrap_or_else(|e| panic!("{}: set the clock offset: {e}", phase.name));
-            // The worker samples its clocks every tick: wait until it has seen the step.
+            // The worker samples its clocks every tick: wait until it has seen the step and
+            // serves again. A forward step closes the serve-until gate (its wall-clock
+            // deadline is passed) until the worker's next confirmed commit, which it makes
+            // at once; the phase's samples are taken from then on, and the throughput
+            // check below bounds what that one commit may cost.
             steps = poll_until(
-                &format!("{}: the worker sees the step", phase.name),
-                Duration::from_secs(10),
+                &format!("{}: the worker sees the step and serves", phase.name),
+                Duration::from_secs(5),
                 || {
                     let now = clock(&mut c).ok()?;
-                    (now.steps() > steps).then_some(now.steps())
+                    (now.steps() > steps && now.serve_left_ms.is_some_and(|l| l > 0))
+                        .then_some(now.steps())
                 },
             );
         }
