@@ -86,15 +86,22 @@ test-pg-%: deps
 	@echo "timing: test-pg-$* ended at $$(date +%s)"
 
 # The integration tests load the extension installed in the private copy, into clusters
-# they start themselves from its binaries.
+# they start themselves from its binaries; first, the golden-output tests of the SQL surface
+# (scripts/test-regress.sh, tests/pg_regress). Both run whatever the other's outcome.
 test-integration: $(addprefix test-integration-,$(TEST_MAJORS))
 test-integration-%: deps
 	@echo "timing: test-integration-$* started at $$(date +%s)"
-	bin=$$($(call test_pg,$*,--install)) && \
+	bin=$$($(call test_pg,$*,--install)) && { \
+	scripts/test-regress.sh "$$bin"; regress=$$?; \
 	TSORACLE_PG_BIN="$$bin" cargo test --no-fail-fast -p tsoracle-tests \
 		$(addprefix --test ,$(if $(filter $*,$(FULL_MAJORS)),$(FULL_SUITES),$(QUICK_SUITES))) \
-		-- --test-threads=$(TEST_THREADS)
+		-- --test-threads=$(TEST_THREADS); suites=$$?; \
+	[ $$regress = 0 ] && [ $$suites = 0 ]; }
 	@echo "timing: test-integration-$* ended at $$(date +%s)"
+
+# Only the golden-output tests, on one major (the private copy, with this tree's build).
+test-regress-%: deps
+	bin=$$($(call test_pg,$*,--install)) && scripts/test-regress.sh "$$bin"
 
 # pg_upgrade from the oldest to the newest supported major (tests/tests/upgrade.rs).
 test-upgrade: deps
