@@ -72,6 +72,60 @@ CREATE TRIGGER only_the_worker BEFORE INSERT OR UPDATE OR DELETE ON tsoracle.res
 CREATE TRIGGER only_the_worker_truncate BEFORE TRUNCATE ON tsoracle.resolved
     FOR EACH STATEMENT EXECUTE FUNCTION tsoracle.only_the_worker();
 
+-- Nobody but the worker lowers or removes what the durable tables hold: a lowered or
+-- deleted high-water, counter or live lease would let the oracle issue again what it has
+-- already issued (after the next restart, or at once for a lease). The WHEN clauses keep the
+-- worker's own updates, which only raise, and the restore merge's off the trigger on the hot
+-- path; the function lets the worker's deletes through (a dropped key, a released or expired
+-- lease) and, like the drop guard, a superuser who has said they accept the loss (SET
+-- tsoracle.allow_drop = on).
+CREATE FUNCTION tsoracle.keep_what_was_issued() RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF NOT tsoracle.note_restore()
+       OR pg_catalog.current_setting('tsoracle.allow_drop', true) = 'on' THEN
+        RETURN CASE WHEN TG_OP = 'DELETE' THEN OLD ELSE NEW END;
+    END IF;
+    RAISE EXCEPTION 'cannot % table %.%: only the tsoracle worker lowers or removes what it holds',
+            CASE TG_OP WHEN 'UPDATE' THEN 'lower a row of' WHEN 'DELETE' THEN 'delete from'
+                ELSE 'truncate' END,
+            TG_TABLE_SCHEMA, TG_TABLE_NAME
+        USING ERRCODE = 'object_in_use',
+            DETAIL = CASE TG_TABLE_NAME
+                WHEN 'high_water' THEN 'It holds the durable high-water: after a restart the oracle would issue timestamps it has already returned.'
+                WHEN 'seq' THEN 'It holds the sequence counters: a lowered or deleted counter grants its blocks again.'
+                ELSE 'It holds the leases: the safe frontier could pass a holder that still stamps below its bound.'
+            END,
+            HINT = 'Drop a sequence key with tso_seq_drop(), release a lease with tso_lease_release(). To write the table anyway, a superuser first runs SET tsoracle.allow_drop = on.';
+END
+$$;
+REVOKE EXECUTE ON FUNCTION tsoracle.keep_what_was_issued() FROM PUBLIC;
+CREATE TRIGGER keep_what_was_issued BEFORE UPDATE ON tsoracle.high_water
+    FOR EACH ROW WHEN (NEW.physical_ms < OLD.physical_ms OR NEW.epoch < OLD.epoch
+        OR NEW.id IS DISTINCT FROM OLD.id)
+    EXECUTE FUNCTION tsoracle.keep_what_was_issued();
+CREATE TRIGGER keep_what_was_issued BEFORE UPDATE ON tsoracle.seq
+    FOR EACH ROW WHEN (NEW.next < OLD.next OR NEW.key IS DISTINCT FROM OLD.key)
+    EXECUTE FUNCTION tsoracle.keep_what_was_issued();
+CREATE TRIGGER keep_what_was_issued BEFORE UPDATE ON tsoracle.lease
+    FOR EACH ROW WHEN (NEW.ts_upper_bound_ms < OLD.ts_upper_bound_ms
+        OR NEW.expires_at_ms < OLD.expires_at_ms OR NEW.lease_id IS DISTINCT FROM OLD.lease_id)
+    EXECUTE FUNCTION tsoracle.keep_what_was_issued();
+CREATE TRIGGER keep_what_was_issued_delete BEFORE DELETE ON tsoracle.high_water
+    FOR EACH ROW EXECUTE FUNCTION tsoracle.keep_what_was_issued();
+CREATE TRIGGER keep_what_was_issued_delete BEFORE DELETE ON tsoracle.seq
+    FOR EACH ROW EXECUTE FUNCTION tsoracle.keep_what_was_issued();
+CREATE TRIGGER keep_what_was_issued_delete BEFORE DELETE ON tsoracle.lease
+    FOR EACH ROW EXECUTE FUNCTION tsoracle.keep_what_was_issued();
+CREATE TRIGGER keep_what_was_issued_truncate BEFORE TRUNCATE ON tsoracle.high_water
+    FOR EACH STATEMENT EXECUTE FUNCTION tsoracle.keep_what_was_issued();
+CREATE TRIGGER keep_what_was_issued_truncate BEFORE TRUNCATE ON tsoracle.seq
+    FOR EACH STATEMENT EXECUTE FUNCTION tsoracle.keep_what_was_issued();
+CREATE TRIGGER keep_what_was_issued_truncate BEFORE TRUNCATE ON tsoracle.lease
+    FOR EACH STATEMENT EXECUTE FUNCTION tsoracle.keep_what_was_issued();
+
 REVOKE EXECUTE ON FUNCTION tso_seed(bigint) FROM PUBLIC;
 
 -- Predefined roles. Sequences and leases are privileges: grant tsoracle_seq_user to roles

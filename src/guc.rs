@@ -150,8 +150,8 @@ pub fn define() {
     );
     GucRegistry::define_bool_guc(
         c"tsoracle.allow_drop",
-        c"Let this session drop the extension tsoracle, its high-water table or its database.",
-        c"Off, such drops fail with SQLSTATE 55006: after a restart the oracle would start again from the clock and could repeat timestamps. Superusers only.",
+        c"Let this session drop the extension tsoracle, its high-water table or its database, or lower or delete what its tables hold.",
+        c"Off, such drops and writes fail with SQLSTATE 55006: the oracle could repeat timestamps, sequence blocks or pass a lease holder's bound. Superusers only.",
         &ALLOW_DROP,
         GucContext::Suset,
         GucFlags::default(),

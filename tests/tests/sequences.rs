@@ -339,7 +339,8 @@ fn kill9_worker_under_load_grants_no_block_twice() {
 }
 
 /// kill -9 of the worker at the moment it is seen flushing (`pg_stat_activity`: `WALSync`),
-/// three times under one 16-session load. A group's commit record has then reached the
+/// five times under one 16-session load (three were not always enough, on a loaded machine,
+/// for one kill to land between a group's commit and its callers' answer). A group's commit record has then reached the
 /// kernel (WAL is written before it is flushed, and a process kill loses nothing written), so
 /// recovery keeps it, but its callers were not answered: their blocks must be burnt, never
 /// granted to a later call. The history check of the tests above holds (no block twice, every
@@ -353,7 +354,7 @@ fn kill9_while_the_worker_flushes_never_grants_the_groups_blocks() {
     let opts = SeqLoadOptions::new(16, Duration::from_secs(180), &keys);
     let load = SeqLoad::start(node.endpoint(), opts, history.clone());
 
-    for round in 1..=3 {
+    for round in 1..=5 {
         let t0 = Instant::now();
         wait_ok_calls(&history, t0, 300, &format!("before crash {round}"));
         let mut c = node.connect();
@@ -376,7 +377,7 @@ fn kill9_while_the_worker_flushes_never_grants_the_groups_blocks() {
     let burnt: i64 =
         report.keys.values().flat_map(|r| r.gaps.iter()).map(|(from, to)| to - from).sum();
     eprintln!(
-        "kill -9 in WALSync x3: {} ok calls, errors {:?}; totals {totals:?}; {burnt} values burnt",
+        "kill -9 in WALSync x5: {} ok calls, errors {:?}; totals {totals:?}; {burnt} values burnt",
         stats.ok_calls(),
         stats.errors_by_sqlstate
     );

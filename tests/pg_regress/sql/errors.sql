@@ -89,6 +89,27 @@ COMMIT PREPARED 'takes a block only';
 
 -- The published resolved timestamp is the worker's, even against a superuser.
 SELECT regress.try('UPDATE tsoracle.resolved SET ts = 0');
+-- So is lowering or removing what the other tables hold (raising is a restore's business:
+-- the worker fences again above it).
+SELECT regress.try('UPDATE tsoracle.high_water SET physical_ms = 0');
+SELECT regress.try('UPDATE tsoracle.high_water SET epoch = epoch - 1');
+SELECT regress.try('DELETE FROM tsoracle.high_water');
+SELECT regress.try('TRUNCATE tsoracle.high_water');
+SELECT regress.try($$UPDATE tsoracle.seq SET next = 0 WHERE key = 'k'$$);
+SELECT regress.try($$UPDATE tsoracle.seq SET key = 'k2' WHERE key = 'k'$$);
+SELECT regress.try($$DELETE FROM tsoracle.seq WHERE key = 'k'$$);
+SELECT regress.try('TRUNCATE tsoracle.seq');
+SELECT regress.try($$UPDATE tsoracle.lease SET expires_at_ms = 0 WHERE holder = 'h'$$);
+SELECT regress.try($$DELETE FROM tsoracle.lease WHERE holder = 'h'$$);
+SELECT regress.try('TRUNCATE tsoracle.lease');
+SELECT regress.try($$UPDATE tsoracle.seq SET next = next WHERE key = 'k'$$);
+SELECT regress.try($$UPDATE tsoracle.lease SET renewed_at = renewed_at WHERE holder = 'h'$$);
+-- A superuser who accepts the loss, in a transaction rolled back here.
+BEGIN;
+SET LOCAL tsoracle.allow_drop = on;
+SELECT regress.try($$DELETE FROM tsoracle.seq WHERE key = 'k'$$);
+ROLLBACK;
+SELECT tso_seq_peek('k') AS k_still_there;
 SELECT regress.try('TRUNCATE tsoracle.resolved');
 
 -- Drops.

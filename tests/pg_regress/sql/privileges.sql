@@ -61,7 +61,10 @@ FROM (VALUES
     ('CREATE TABLE tsoracle.regress_planted (id int)')
 ) AS v(call);
 DROP TABLE tsoracle.regress_planted;
+BEGIN;
+SET LOCAL tsoracle.allow_drop = on;
 DELETE FROM tsoracle.seq WHERE key = 'regress_forged';
+COMMIT;
 
 -- A key belongs to the role that created it (and its members; a superuser is one of all):
 -- another sequence user can neither take from it, peek at it nor drop it; its creator can.
