@@ -7,7 +7,8 @@ PG_MAJOR ?= 15
 PG_MAJORS := 15 16 17 18
 # What `make test` runs on every major: the #[pg_test]s and these integration suites ...
 TEST_MAJORS ?= $(PG_MAJORS)
-QUICK_SUITES := foundation harness leases sequences security clocks drops resolved
+# (pooler: PgBouncer, postgres_exporter and promtool, about 15 s: cheap enough for every major.)
+QUICK_SUITES := foundation harness leases sequences security clocks drops resolved pooler
 # ... and on the oldest and the newest, also the crash, failover and backup suites.
 FULL_MAJORS ?= 15 18
 FULL_SUITES := $(QUICK_SUITES) replication backup patroni
@@ -51,7 +52,8 @@ test-snapshot:
 test-untouched:
 	scripts/untouched.sh check target/untouched.before
 
-## What the tests need (every major, Patroni, etcd, sudo), on top of the build dependencies.
+## What the tests need (every major, Patroni, etcd, sudo, PgBouncer, postgres_exporter,
+## promtool), on top of the build dependencies.
 deps:
 	scripts/install-deps.sh --test
 

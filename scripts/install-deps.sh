@@ -11,7 +11,8 @@
 #   scripts/install-deps.sh --test      everything `make test` needs besides: every major of
 #                                       scripts/postgresql-versions, sudo (`cargo pgrx test
 #                                       --runas`), Patroni and etcd (server and etcdctl) for the
-#                                       high-availability tests.
+#                                       high-availability tests, PgBouncer, postgres_exporter
+#                                       and Prometheus (for promtool) for the pooler suite.
 #   scripts/install-deps.sh --print …   say what the call would install (Debian packages and
 #                                       PostgreSQL installations), one per line; change nothing.
 set -euo pipefail
@@ -19,7 +20,12 @@ set -euo pipefail
 PGRX_VERSION=0.18.0
 HERE=$(cd "$(dirname "$0")" && pwd)
 BUILD_PACKAGES=(libclang-dev clang pkg-config make)
-TEST_PACKAGES=(sudo patroni etcd-server etcd-client)
+TEST_PACKAGES=(sudo patroni etcd-server etcd-client pgbouncer prometheus-postgres-exporter prometheus)
+# The systemd units of TEST_PACKAGES that Debian starts (and enables) on install, as
+# package:unit: the tests start their own instances on free loopback ports, and these must not
+# hold 6432 (PgBouncer's socket unit listens there too), 9187 and 9090.
+TEST_SERVICES=(pgbouncer:pgbouncer.socket pgbouncer:pgbouncer.service
+    prometheus-postgres-exporter:prometheus-postgres-exporter.service prometheus:prometheus.service)
 
 print=0 test=0 major=15
 for arg in "$@"; do
@@ -73,6 +79,16 @@ fi
 # Nor the Debian etcd service (the Patroni tests start their own etcd on free loopback ports).
 if command -v systemctl >/dev/null && systemctl is-active --quiet etcd 2>/dev/null; then
     systemctl stop etcd || true
+fi
+
+# Nor the services PgBouncer, postgres_exporter and Prometheus start on install (the pooler
+# suite starts its own on free loopback ports): stopped and disabled when this run installed
+# them, so a machine's own PgBouncer or Prometheus, installed before, is left as it was.
+if command -v systemctl >/dev/null && ((${#missing[@]})); then
+    for s in "${TEST_SERVICES[@]}"; do
+        [[ " ${missing[*]} " == *" ${s%%:*} "* ]] || continue
+        systemctl disable --now "${s#*:}" 2>/dev/null || true
+    done
 fi
 
 if ! cargo pgrx --version 2>/dev/null | grep -q "$PGRX_VERSION"; then

@@ -10,6 +10,10 @@
 # its next restart (then ALTER EXTENSION tsoracle UPDATE moves each database's SQL objects
 # to the new version).
 #
+# The operations examples go to /usr/share/doc/<package>/examples: the tested PgBouncer
+# configuration, the postgres_exporter queries and the Prometheus alert rules (contrib/,
+# docs/operations/pgbouncer.md and monitoring.md).
+#
 # Usage: scripts/package-deb.sh MAJOR OUTDIR     (prints the .deb's path)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,7 +33,7 @@ trap 'rm -rf "$stage"' EXIT
 lib=$stage/usr/lib/postgresql/$MAJOR/lib
 ext=$stage/usr/share/postgresql/$MAJOR/extension
 doc=$stage/usr/share/doc/$NAME
-install -d "$lib" "$ext" "$doc" "$stage/DEBIAN"
+install -d "$lib" "$ext" "$doc" "$doc/examples" "$stage/DEBIAN"
 
 while IFS= read -r -d '' f; do
     case "$f" in
@@ -44,6 +48,8 @@ done
 install -m 0644 LICENSE "$doc/copyright"
 install -m 0644 CHANGELOG.md "$doc/changelog"
 gzip -9n "$doc/changelog"
+install -m 0644 contrib/pgbouncer/pgbouncer.ini contrib/prometheus/queries.yaml \
+    contrib/prometheus/tsoracle-alerts.yml "$doc/examples/"
 
 # The shared libraries the library links against, as package dependencies.
 libc_version=$(dpkg-query -W -f='${Version}' libc6 | sed -E 's/-.*//')

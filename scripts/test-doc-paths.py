@@ -8,7 +8,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", ROOT / "BENCHMARKS.md", ROOT / "sql" / "README.md",
         *sorted((ROOT / "docs").rglob("*.md"))]
-PATH = re.compile(r"(?<![\w/.-])((?:src|core|tests|scripts|sql|docs)/[\w./-]*\w)")
+PATH = re.compile(r"(?<![\w/.-])((?:src|core|tests|scripts|sql|docs|contrib)/[\w./-]*\w)")
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 
 

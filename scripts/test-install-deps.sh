@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # `make test`: what each set-up command installs (scripts/install-deps.sh --print, which the
 # real install goes through the same list for). `make install` / `make run` for one major
-# install that major's build dependencies only: no Patroni, no etcd, no sudo, no other major;
-# `make test` adds them. Prints one line per check and a closing count.
+# install that major's build dependencies only: no Patroni, no etcd, no sudo, no PgBouncer, no
+# postgres_exporter or Prometheus, no other major; `make test` adds them. Prints one line per
+# check and a closing count.
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 passed=0 failed=0
@@ -18,10 +19,11 @@ count() { grep -c "$2" <<<"$1"; }
 b15=$("$HERE/install-deps.sh" --print 15)
 b18=$("$HERE/install-deps.sh" --print 18)
 t=$("$HERE/install-deps.sh" --print --test)
-for p in patroni etcd-server etcd-client sudo patchelf; do
+pooler="pgbouncer prometheus-postgres-exporter prometheus"
+for p in patroni etcd-server etcd-client sudo patchelf $pooler; do
     check "make install PG_MAJOR=15 does not install $p" lacks "$b15" "package $p"
 done
-for p in patroni etcd-server sudo postgresql-15 postgresql-server-dev-15; do
+for p in patroni etcd-server sudo postgresql-15 postgresql-server-dev-15 $pooler; do
     check "make install PG_MAJOR=18 does not install $p" lacks "$b18" "package $p"
 done
 check "make install PG_MAJOR=15 installs PostgreSQL 15 and its headers" \
@@ -29,7 +31,7 @@ check "make install PG_MAJOR=15 installs PostgreSQL 15 and its headers" \
 check "make install PG_MAJOR=15 installs no other major" test "$(count "$b15" '^postgresql ')" = 1
 check "make install PG_MAJOR=18 installs PostgreSQL 18 (and patchelf for it) only" \
     bash -c "grep -qx 'postgresql 18' <<<'$b18' && grep -qx 'package patchelf' <<<'$b18' && [ \$(grep -c '^postgresql ' <<<'$b18') = 1 ]"
-for p in patroni etcd-server etcd-client sudo patchelf postgresql-server-dev-15; do
+for p in patroni etcd-server etcd-client sudo patchelf postgresql-server-dev-15 $pooler; do
     check "make test installs $p" has "$t" "package $p"
 done
 check "make test installs every supported major" \

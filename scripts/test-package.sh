@@ -2,7 +2,8 @@
 # Test the Debian packages `make package` built (run as root):
 #   - every package's metadata and file list: named postgresql-<major>-tsoracle, depends on
 #     postgresql-<major>, holds the library, control file and every install and upgrade
-#     script under Debian's PostgreSQL paths, and nothing else;
+#     script under Debian's PostgreSQL paths, the operations examples of contrib/ (the same
+#     bytes) in its doc directory, and nothing else;
 #   - the package for the system's PostgreSQL 15 is installed with `dpkg -i`, a fresh cluster
 #     (on a free loopback port, from /usr/lib/postgresql/15/bin) preloads it, CREATE EXTENSION
 #     works and tso_next() serves increasing timestamps; then `dpkg -r` removes every file.
@@ -18,6 +19,8 @@ shift
 VERSION=$(sed -nE 's/^version = "([^"]+)"$/\1/p' Cargo.toml | head -n1)
 ARCH=$(dpkg --print-architecture)
 failures=0
+# The operations examples every package ships (scripts/package-deb.sh).
+EXAMPLES="contrib/pgbouncer/pgbouncer.ini contrib/prometheus/queries.yaml contrib/prometheus/tsoracle-alerts.yml"
 ok() { echo "ok: $*"; }
 fail() { echo "FAIL: $*" >&2; failures=$((failures + 1)); }
 
@@ -41,6 +44,7 @@ for major in "$@"; do
         expected_sql | sed "s|^|/usr/share/postgresql/$major/extension/|"
         echo "/usr/share/doc/$name/copyright"
         echo "/usr/share/doc/$name/changelog.gz"
+        for f in $EXAMPLES; do echo "/usr/share/doc/$name/examples/$(basename "$f")"; done
     } | sort)
     if [ "$files" = "$want" ]; then ok "$name: file list"; else
         fail "$name: file list differs:"; diff <(echo "$want") <(echo "$files") >&2 || true
@@ -49,6 +53,9 @@ for major in "$@"; do
     tmp=$(mktemp -d); dpkg-deb -x "$deb" "$tmp"
     so=$tmp/usr/lib/postgresql/$major/lib/tsoracle.so
     if nm -D --defined-only "$so" 2>/dev/null | grep -q ' Pg_magic_func$'; then ok "$name: library has a magic block"; else fail "$name: no Pg_magic_func in the library"; fi
+    for f in $EXAMPLES; do
+        if cmp -s "$f" "$tmp/usr/share/doc/$name/examples/$(basename "$f")"; then ok "$name: examples/$(basename "$f") is $f"; else fail "$name: examples/$(basename "$f") differs from $f"; fi
+    done
     rm -rf "$tmp"
 done
 

@@ -16,16 +16,21 @@
 //!   archiving and point-in-time recovery, a prober that watches a server during a restore.
 //! * [`tso`]: helpers for the extension's SQL surface (`tso_status()`, `wait_serving`, the
 //!   timestamp layout, SQLSTATE assertions).
+//! * [`pooler`]: PgBouncer in front of a node, with the configuration the repository ships.
+//! * [`exporter`]: postgres_exporter with the queries the repository ships, its scrapes
+//!   parsed; `promtool` for the alert rules.
 //!
 //! Everything is bounded in time: no helper can wait forever.
 
 pub mod backup;
 pub mod cluster;
 pub mod error;
+pub mod exporter;
 pub mod history;
 pub mod load;
 pub mod node;
 pub mod patroni;
+pub mod pooler;
 pub mod rng;
 pub mod seqlease;
 pub mod tso;

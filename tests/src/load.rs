@@ -25,10 +25,16 @@ pub const MAX_LOAD_DURATION: Duration = Duration::from_secs(600);
 
 /// Where a load thread connects: a name (recorded as the call's node) and a function giving
 /// the current conninfo (so it can follow a node that moved, or later a changing primary).
+///
+/// A *pooled* endpoint is a connection pooler ([`crate::pooler::PgBouncer`]): PgBouncer
+/// refuses the startup parameter `options`, so its connections carry no
+/// `statement_timeout` of their own (the pooler's role has one on the server, see
+/// [`crate::pooler::create_role`]), and loads call it with unnamed statements only.
 #[derive(Clone)]
 pub struct Endpoint {
     pub name: String,
     resolve: Arc<dyn Fn() -> String + Send + Sync>,
+    pooled: bool,
 }
 
 impl std::fmt::Debug for Endpoint {
@@ -39,7 +45,7 @@ impl std::fmt::Debug for Endpoint {
 
 impl Endpoint {
     pub fn new(name: &str, resolve: impl Fn() -> String + Send + Sync + 'static) -> Self {
-        Endpoint { name: name.to_string(), resolve: Arc::new(resolve) }
+        Endpoint { name: name.to_string(), resolve: Arc::new(resolve), pooled: false }
     }
 
     pub fn fixed(name: &str, conninfo: &str) -> Self {
@@ -47,17 +53,28 @@ impl Endpoint {
         Endpoint::new(name, move || c.clone())
     }
 
+    /// A connection pooler at `conninfo` (see the type's documentation).
+    pub fn pooled(name: &str, conninfo: &str) -> Self {
+        Endpoint { pooled: true, ..Endpoint::fixed(name, conninfo) }
+    }
+
+    /// Whether this is a connection pooler: no startup `options`, unnamed statements only.
+    pub fn is_pooled(&self) -> bool {
+        self.pooled
+    }
+
     pub fn conninfo(&self) -> String {
         (self.resolve)()
     }
 
-    /// One connection attempt, with the load's statement timeout.
+    /// One connection attempt, with the load's statement timeout (a pooled endpoint's comes
+    /// from its role on the server).
     pub fn connect(&self, statement_timeout_ms: u64) -> Result<Client, postgres::Error> {
         let mut cfg: postgres::Config = self.conninfo().parse()?;
         if cfg.get_connect_timeout().is_none() {
             cfg.connect_timeout(Duration::from_secs(5));
         }
-        if cfg.get_options().is_none() {
+        if cfg.get_options().is_none() && !self.pooled {
             cfg.options(&format!("-c statement_timeout={statement_timeout_ms}"));
         }
         cfg.application_name("tsoracle-load");
@@ -125,6 +142,54 @@ pub mod ops {
     pub fn statement(sql: &str) -> Op {
         let sql = sql.to_string();
         Arc::new(move |c, _| Ok((c.query_one(sql.as_str(), &[])?.try_get(0)?, 1)))
+    }
+
+    /// The same operations with unnamed statements (`query_typed`: parse, bind, execute and
+    /// sync in one round trip), for a transaction pooler ([`super::Endpoint::pooled`]): it
+    /// gives a client a server connection per transaction, so a statement prepared by name
+    /// in one round trip may be executed in the next on another server connection, which
+    /// does not know it (PgBouncer 1.18 has no prepared statements in transaction pooling).
+    pub mod unnamed {
+        use super::super::Op;
+        use postgres::types::Type;
+        use std::sync::Arc;
+
+        /// `SELECT tso_next()`.
+        pub fn tso_next() -> Op {
+            Arc::new(|c, _| Ok((c.query_typed_one("SELECT tso_next()", &[])?.try_get(0)?, 1)))
+        }
+
+        fn batch(c: &mut postgres::Client, k: i32) -> Result<(i64, i64), postgres::Error> {
+            let row = c.query_typed_one("SELECT tso_next_batch($1)", &[(&k, Type::INT4)])?;
+            Ok((row.try_get(0)?, k as i64))
+        }
+
+        /// `SELECT tso_next_uuid()`, recorded as the timestamp it carries.
+        pub fn tso_next_uuid() -> Op {
+            Arc::new(|c, _| {
+                let text: String =
+                    c.query_typed_one("SELECT tso_next_uuid()::text", &[])?.try_get(0)?;
+                let ts = crate::tso::uuid_timestamp(&text)
+                    .unwrap_or_else(|e| panic!("tso_next_uuid() returned {e}"));
+                Ok((ts, 1))
+            })
+        }
+
+        /// As [`super::mixed_with_uuid`]: a third each of `tso_next_uuid()`, `tso_next()` and
+        /// `tso_next_batch(k)` (k uniform in `1..=max_batch`, one in 200 up to the maximum).
+        pub fn mixed_with_uuid(max_batch: i32) -> Op {
+            let (next, uuid) = (tso_next(), tso_next_uuid());
+            Arc::new(move |c, rng| {
+                if rng.chance(1.0 / 3.0) {
+                    uuid(c, rng)
+                } else if rng.chance(0.5) {
+                    next(c, rng)
+                } else {
+                    let max = if rng.chance(0.005) { crate::tso::MAX_BATCH } else { max_batch };
+                    batch(c, rng.range_inclusive(1, max as i64) as i32)
+                }
+            })
+        }
     }
 }
 

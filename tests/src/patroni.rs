@@ -334,7 +334,7 @@ fn os_user() -> Result<(u32, u32)> {
     crate::node::pg_user()
 }
 
-fn chown(path: &Path) -> Result<()> {
+pub(crate) fn chown(path: &Path) -> Result<()> {
     let (uid, gid) = os_user()?;
     std::os::unix::fs::chown(path, Some(uid), Some(gid))
         .map_err(|e| HarnessError::io(format!("chown {}", path.display()), e))
@@ -350,7 +350,7 @@ fn make_dir(path: &Path) -> Result<()> {
 
 /// A command run as the server OS user, with a clean environment, in `dir`; it gets SIGKILL
 /// when the thread that spawned it ends (`PR_SET_PDEATHSIG`).
-fn server_command(program: &str, dir: &Path, die_with_parent: bool) -> Result<Command> {
+pub(crate) fn server_command(program: &str, dir: &Path, die_with_parent: bool) -> Result<Command> {
     let (uid, gid) = os_user()?;
     let mut cmd = Command::new(program);
     cmd.env_clear()
@@ -376,7 +376,7 @@ fn server_command(program: &str, dir: &Path, die_with_parent: bool) -> Result<Co
     Ok(cmd)
 }
 
-fn open_log(path: &Path) -> Result<(Stdio, Stdio)> {
+pub(crate) fn open_log(path: &Path) -> Result<(Stdio, Stdio)> {
     let f = fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -446,7 +446,7 @@ fn signal(pids: &[i32], sig: i32) {
     }
 }
 
-fn read_tail(path: &Path, lines: usize) -> String {
+pub(crate) fn read_tail(path: &Path, lines: usize) -> String {
     let text = fs::read(path).map(|b| String::from_utf8_lossy(&b).into_owned()).unwrap_or_default();
     crate::node::last_lines(&text, lines)
 }

@@ -13,6 +13,9 @@
 //! for*, so a block the worker committed for a caller that never heard back (a burnt block)
 //! explains a gap of exactly that size.
 //!
+//! Through a pooled endpoint ([`crate::Endpoint::pooled`]) the calls use unnamed statements
+//! ([`seq_unnamed`], [`seq_batch_unnamed`]).
+//!
 //! The rows a batch returns are checked on the spot (request order, one row per key, the
 //! counts asked for); a mismatch panics the thread, and [`SeqLoad::join`] propagates it.
 
@@ -21,6 +24,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use postgres::types::Type;
 use postgres::Client;
 
 use crate::error::{pg_error_string, HarnessError};
@@ -84,6 +88,34 @@ pub fn seq_batch(
     c.query(
         "SELECT key, start, count FROM tso_seq_batch($1::text[], $2::int[])",
         &[&keys, &counts],
+    )?
+    .into_iter()
+    .map(|r| Ok((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?)))
+    .collect()
+}
+
+/// [`seq`] with an unnamed statement, for a transaction pooler
+/// ([`crate::load::ops::unnamed`] says why).
+pub fn seq_unnamed(
+    c: &mut Client,
+    key: &str,
+    count: i32,
+) -> std::result::Result<i64, postgres::Error> {
+    c.query_typed_one("SELECT tso_seq($1, $2)", &[(&key, Type::TEXT), (&count, Type::INT4)])?
+        .try_get(0)
+}
+
+/// [`seq_batch`] with an unnamed statement, for a transaction pooler.
+pub fn seq_batch_unnamed(
+    c: &mut Client,
+    keys: &[&str],
+    counts: &[i32],
+) -> std::result::Result<Vec<(String, i64, i32)>, postgres::Error> {
+    let keys: Vec<String> = keys.iter().map(|s| s.to_string()).collect();
+    let counts: Vec<i32> = counts.to_vec();
+    c.query_typed(
+        "SELECT key, start, count FROM tso_seq_batch($1, $2)",
+        &[(&keys, Type::TEXT_ARRAY), (&counts, Type::INT4_ARRAY)],
     )?
     .into_iter()
     .map(|r| Ok((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?)))
@@ -298,7 +330,12 @@ fn seq_worker(
         let result: std::result::Result<Vec<i64>, postgres::Error> = if batch {
             let keys: Vec<&str> = entries.iter().map(|(k, _)| k.as_str()).collect();
             let counts: Vec<i32> = entries.iter().map(|(_, n)| *n).collect();
-            seq_batch(c, &keys, &counts).map(|rows| {
+            let rows = if ep.is_pooled() {
+                seq_batch_unnamed(c, &keys, &counts)
+            } else {
+                seq_batch(c, &keys, &counts)
+            };
+            rows.map(|rows| {
                 assert_eq!(rows.len(), entries.len(), "tso_seq_batch({keys:?}, {counts:?}) returned {rows:?}");
                 for ((k, n), (rk, _, rn)) in entries.iter().zip(&rows) {
                     assert!(
@@ -308,6 +345,8 @@ fn seq_worker(
                 }
                 rows.into_iter().map(|(_, s, _)| s).collect()
             })
+        } else if ep.is_pooled() {
+            seq_unnamed(c, &entries[0].0, entries[0].1).map(|s| vec![s])
         } else {
             seq(c, &entries[0].0, entries[0].1).map(|s| vec![s])
         };
