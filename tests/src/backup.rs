@@ -420,7 +420,7 @@ fn probe(ep: Endpoint, history: History, interval: Duration, stop: Arc<AtomicBoo
                     stats.sample_errors.push(msg.clone());
                 }
                 history.record_err(start, end, &ep.name, msg, 1);
-                if c.is_closed() || e.as_db_error().is_none() {
+                if crate::error::session_broken(c, &e) {
                     client = None;
                 }
             }

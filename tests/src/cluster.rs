@@ -156,11 +156,6 @@ fn mixed_worker(
     let mut stats = LoadStats::default();
     // (client, generation it was made for, node name)
     let mut conn: Option<(Client, u64, String)> = None;
-    let note = |stats: &mut LoadStats, e: String| {
-        if stats.sample_errors.len() < 12 && !stats.sample_errors.contains(&e) {
-            stats.sample_errors.push(e);
-        }
-    };
     while !stop.load(Ordering::SeqCst) && Instant::now() < deadline {
         let (generation, ep) = target.current();
         if conn.as_ref().is_some_and(|(_, g, _)| *g != generation) {
@@ -174,7 +169,7 @@ fn mixed_worker(
                 }
                 Err(e) => {
                     stats.connect_failures += 1;
-                    note(&mut stats, format!("connect: {}", pg_error_string(&e)));
+                    stats.note(format!("connect: {}", pg_error_string(&e)));
                     std::thread::sleep(opts.backoff);
                 }
             }
@@ -225,7 +220,7 @@ fn mixed_worker(
             Err(e) => {
                 stats.err_calls += 1;
                 let msg = pg_error_string(&e);
-                note(&mut stats, msg.clone());
+                stats.note(msg.clone());
                 match op {
                     MixedOp::Next | MixedOp::Uuid => ts.record_err(start, end, &node, msg, 1),
                     MixedOp::Batch(k) => ts.record_err(start, end, &node, msg, k as i64),
@@ -236,11 +231,7 @@ fn mixed_worker(
                 let closed = conn.as_ref().is_none_or(|(c, _, _)| c.is_closed());
                 let not_serving = e.code() == Some(&SqlState::CANNOT_CONNECT_NOW);
                 let broken = closed
-                    || e.as_db_error().is_none()
-                    || e.code().is_some_and(|s| {
-                        let s = s.code();
-                        s.starts_with("08") || (s.starts_with("57") && s != "57P03" && s != "57014")
-                    });
+                    || conn.as_ref().is_some_and(|(c, _, _)| crate::error::session_broken(c, &e));
                 if broken {
                     conn = None;
                 }

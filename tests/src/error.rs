@@ -56,3 +56,23 @@ pub fn pg_error_string(e: &postgres::Error) -> String {
     }
     s
 }
+
+/// Whether a session is useless after `e`, so that a load drops it and connects again — the
+/// one classifier of every load and wait loop of the harness:
+/// - the connection is closed, or the error did not come from the server (I/O, protocol);
+/// - `08xxx` (connection exception);
+/// - `25006` (read-only transaction): the session is on a standby — a demoted primary, or a
+///   host that was never the primary — and a load that wants the primary must look again;
+/// - `57xxx` (operator intervention: shutdown, crash, terminated backend) but `57P03`
+///   (tsoracle not serving *yet*: the same session serves once the worker does) and `57014`
+///   (a cancel or a statement timeout ends the statement, not the session).
+pub fn session_broken(c: &postgres::Client, e: &postgres::Error) -> bool {
+    c.is_closed()
+        || e.as_db_error().is_none()
+        || e.code().is_some_and(|s| {
+            let s = s.code();
+            s.starts_with("08")
+                || s == "25006"
+                || (s.starts_with("57") && s != "57P03" && s != "57014")
+        })
+}

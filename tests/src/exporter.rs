@@ -31,7 +31,8 @@ use std::time::{Duration, Instant};
 
 use crate::error::HarnessError;
 use crate::node::{make_base_dir, pg_user, pick_port, run_cmd, Node};
-use crate::patroni::{chown, http, open_log, read_tail, server_command};
+use crate::patroni::http;
+use crate::process::{chown, open_log, read_tail, server_command};
 use crate::Result;
 
 /// The postgres_exporter queries the repository ships.

@@ -31,6 +31,7 @@ pub mod load;
 pub mod node;
 pub mod patroni;
 pub mod pooler;
+pub mod process;
 pub mod rng;
 pub mod seqlease;
 pub mod tso;

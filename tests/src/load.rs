@@ -236,15 +236,20 @@ pub struct LoadStats {
 }
 
 impl LoadStats {
+    /// Keep `e` among the sample errors (ten distinct ones at most).
+    pub(crate) fn note(&mut self, e: String) {
+        if self.sample_errors.len() < 10 && !self.sample_errors.contains(&e) {
+            self.sample_errors.push(e);
+        }
+    }
+
     pub(crate) fn merge(&mut self, o: LoadStats) {
         self.ok_calls += o.ok_calls;
         self.err_calls += o.err_calls;
         self.connects += o.connects;
         self.connect_failures += o.connect_failures;
         for e in o.sample_errors {
-            if self.sample_errors.len() < 10 && !self.sample_errors.contains(&e) {
-                self.sample_errors.push(e);
-            }
+            self.note(e);
         }
     }
 }
@@ -367,11 +372,6 @@ fn worker(
     let mut rng = SplitMix64::from_entropy();
     let mut stats = LoadStats::default();
     let mut client: Option<Client> = None;
-    let note = |stats: &mut LoadStats, e: String| {
-        if stats.sample_errors.len() < 10 && !stats.sample_errors.contains(&e) {
-            stats.sample_errors.push(e);
-        }
-    };
     while !stop.load(Ordering::SeqCst) && Instant::now() < deadline {
         let Some(c) = client.as_mut() else {
             match ep.connect(opts.statement_timeout_ms) {
@@ -381,7 +381,7 @@ fn worker(
                 }
                 Err(e) => {
                     stats.connect_failures += 1;
-                    note(&mut stats, format!("connect: {}", pg_error_string(&e)));
+                    stats.note(format!("connect: {}", pg_error_string(&e)));
                     std::thread::sleep(opts.backoff);
                 }
             }
@@ -398,14 +398,11 @@ fn worker(
             Err(e) => {
                 stats.err_calls += 1;
                 let msg = pg_error_string(&e);
-                note(&mut stats, msg.clone());
+                stats.note(msg.clone());
                 // The count is unknown to the op on error; 1 is recorded (errors carry no
                 // values, so the timestamp checks do not use it).
                 history.record_err(start, end, &ep.name, msg, 1);
-                let broken = c.is_closed()
-                    || e.as_db_error().is_none()
-                    || e.code()
-                        .is_some_and(|s| s.code().starts_with("57") || s.code().starts_with("08"));
+                let broken = crate::error::session_broken(c, &e);
                 if broken {
                     client = None;
                 }

@@ -46,7 +46,7 @@
 //! `TSORACLE_PG_USER` (OS user, default `postgres`), `TSORACLE_TEST_DIR` (parent of the node
 //! directories, default the system temp dir), `TSORACLE_KEEP_FAILED=1` (see above).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::PermissionsExt;
@@ -62,6 +62,7 @@ use postgres::{Client, NoTls};
 
 use crate::error::{pg_error_string, HarnessError};
 use crate::load::Endpoint;
+use crate::process::{self, descendants, kill_tree, wait_gone};
 use crate::tso::{self, TsoStatus};
 use crate::Result;
 
@@ -643,9 +644,11 @@ impl Node {
     /// Pids of the postmaster's direct children (backends, auxiliary processes, workers).
     pub fn child_pids(&self) -> Vec<i32> {
         match self.postmaster_pid() {
-            Some(pm) => {
-                proc_table().into_iter().filter(|&(_, ppid)| ppid == pm).map(|(p, _)| p).collect()
-            }
+            Some(pm) => process::table()
+                .into_iter()
+                .filter(|&(_, ppid, _)| ppid == pm)
+                .map(|(p, _, _)| p)
+                .collect(),
             None => Vec::new(),
         }
     }
@@ -787,7 +790,7 @@ impl Node {
                 Ok(st) => last = format!("state = {:?} ({:?})", st.state, st.detail),
                 Err(e) => {
                     last = pg_error_string(&e);
-                    if c.is_closed() || e.as_db_error().is_none() {
+                    if crate::error::session_broken(c, &e) {
                         client = None; // the server went away: reconnect
                     } else if !tso::is_retryable(&e) {
                         return Err(e.into());
@@ -1087,92 +1090,4 @@ fn read_pid_file(datadir: &Path) -> Option<(i32, String)> {
     let pid = lines.first()?.trim().parse().ok()?;
     let status = lines.get(7).map(|s| s.trim().to_string()).unwrap_or_default();
     Some((pid, status))
-}
-
-/// (pid, ppid) of every process, from /proc/*/stat.
-fn proc_table() -> Vec<(i32, i32)> {
-    let mut v = Vec::new();
-    let Ok(dir) = fs::read_dir("/proc") else { return v };
-    for entry in dir.flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
-            continue;
-        };
-        if let Some((_, ppid)) = proc_stat(pid) {
-            v.push((pid, ppid));
-        }
-    }
-    v
-}
-
-/// (state, ppid) of a process from /proc/<pid>/stat.
-fn proc_stat(pid: i32) -> Option<(char, i32)> {
-    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // "pid (comm) S ppid ..." where comm may contain spaces and parentheses.
-    let rest = &stat[stat.rfind(')')? + 1..];
-    let mut it = rest.split_whitespace();
-    let state = it.next()?.chars().next()?;
-    let ppid = it.next()?.parse().ok()?;
-    Some((state, ppid))
-}
-
-/// All descendants of `pid` (children, grandchildren...).
-fn descendants(pid: i32) -> Vec<i32> {
-    let mut by_parent: HashMap<i32, Vec<i32>> = HashMap::new();
-    for (p, pp) in proc_table() {
-        by_parent.entry(pp).or_default().push(p);
-    }
-    let mut out = Vec::new();
-    let mut stack = vec![pid];
-    while let Some(p) = stack.pop() {
-        if let Some(kids) = by_parent.get(&p) {
-            for &k in kids {
-                out.push(k);
-                stack.push(k);
-            }
-        }
-    }
-    out
-}
-
-/// SIGSTOP `pid` (so it cannot fork), collect its descendants, SIGKILL it and them.
-/// Returns the descendants' pids.
-fn kill_tree(pid: i32) -> Vec<i32> {
-    // SAFETY: kill(2) only takes integers and reads or writes none of our memory; `pid` is
-    // our own child (a zombie until we reap it, so its pid cannot be reused meanwhile).
-    unsafe {
-        libc::kill(pid, libc::SIGSTOP);
-    }
-    let kids = descendants(pid);
-    // SAFETY: as above, kill(2) touches none of our memory. The descendants were read from
-    // /proc just now; one that has exited since only makes kill fail with ESRCH.
-    unsafe {
-        libc::kill(pid, libc::SIGKILL);
-        for &k in &kids {
-            libc::kill(k, libc::SIGKILL);
-        }
-    }
-    kids
-}
-
-pub(crate) fn is_gone(pid: i32) -> bool {
-    match proc_stat(pid) {
-        None => true,
-        Some((state, _)) => state == 'Z' || state == 'X',
-    }
-}
-
-pub(crate) fn wait_gone(pids: &[i32], timeout: Duration) -> Result<()> {
-    let deadline = Instant::now() + timeout;
-    loop {
-        let alive: Vec<i32> = pids.iter().copied().filter(|&p| !is_gone(p)).collect();
-        if alive.is_empty() {
-            return Ok(());
-        }
-        if Instant::now() > deadline {
-            return Err(HarnessError::Timeout(format!(
-                "processes still alive after SIGKILL: {alive:?}"
-            )));
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
 }

@@ -72,7 +72,7 @@ use postgres::{Client, NoTls};
 use crate::error::HarnessError;
 use crate::load::Endpoint;
 use crate::node::{make_base_dir, pg_bin_dir, pg_user, pick_port, scrub_env, Node};
-use crate::patroni::{chown, open_log, read_tail, server_command};
+use crate::process::{chown, open_log, read_tail, server_command};
 use crate::Result;
 
 /// The configuration the repository ships, which the pooler runs with.

@@ -371,10 +371,7 @@ fn seq_worker(
                 for (k, n) in &entries {
                     history.record_err(start, end, &ep.name, k, msg.clone(), *n as i64);
                 }
-                let broken = c.is_closed()
-                    || e.as_db_error().is_none()
-                    || e.code()
-                        .is_some_and(|s| s.code().starts_with("57") || s.code().starts_with("08"));
+                let broken = crate::error::session_broken(c, &e);
                 if broken {
                     client = None;
                 }

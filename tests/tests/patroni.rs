@@ -82,7 +82,7 @@ impl Recorded {
     fn ops_since(&self, t: Instant) -> usize {
         self.ts.calls().iter().filter(|c| c.start >= t).count()
             + self.dense.calls().iter().filter(|c| c.start >= t).count()
-            + self.leases.grants().iter().filter(|g| g.start >= t).count()
+            + self.leases.calls().iter().filter(|g| g.start >= t).count()
     }
 }
 
@@ -149,7 +149,7 @@ fn wait_served_by(rec: &Recorded, member: &str, since: Instant, n: usize, what: 
 #[track_caller]
 fn wait_lease_from(rec: &Recorded, label: &str, what: &str) {
     let deadline = Instant::now() + Duration::from_secs(60);
-    while !rec.leases.grants().iter().any(|g| g.node == label && g.result.is_ok()) {
+    while !rec.leases.calls().iter().any(|g| g.node == label && g.result.is_ok()) {
         assert!(Instant::now() < deadline, "{what}: no lease granted by {label} in 60 s");
         std::thread::sleep(Duration::from_millis(50));
     }
