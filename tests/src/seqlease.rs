@@ -29,7 +29,7 @@ use postgres::Client;
 
 use crate::error::{pg_error_string, HarnessError};
 use crate::history::DenseHistory;
-use crate::load::{Endpoint, Workers, MAX_LOAD_DURATION};
+use crate::load::{Endpoint, LoadStats, Workers, MAX_LOAD_DURATION};
 use crate::node::Node;
 use crate::rng::SplitMix64;
 use crate::Result;
@@ -206,21 +206,20 @@ impl SeqLoadOptions {
     }
 }
 
-/// Totals of a [`SeqLoad`].
+/// Totals of a [`SeqLoad`]: the counters of every load ([`LoadStats`]: calls, errors,
+/// connections) and what only a sequence load tells apart.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SeqLoadStats {
+    /// Calls (single and batch), errors, connections, sample errors.
+    pub load: LoadStats,
     /// Successful `tso_seq` calls.
     pub single_ok: u64,
     /// Successful `tso_seq_batch` calls.
     pub batch_ok: u64,
     /// Queue slots of the successful calls (1 per single call, one per key per batch).
     pub slots_ok: u64,
-    pub err_calls: u64,
     /// Errored calls by SQLSTATE (`"none"`: no server error, e.g. the connection broke).
     pub errors_by_sqlstate: BTreeMap<String, u64>,
-    pub connects: u64,
-    pub connect_failures: u64,
-    pub sample_errors: Vec<String>,
 }
 
 impl SeqLoadStats {
@@ -228,24 +227,13 @@ impl SeqLoadStats {
         self.single_ok + self.batch_ok
     }
 
-    fn note(&mut self, e: String) {
-        if self.sample_errors.len() < 10 && !self.sample_errors.contains(&e) {
-            self.sample_errors.push(e);
-        }
-    }
-
     fn merge(&mut self, o: SeqLoadStats) {
+        self.load.merge(o.load);
         self.single_ok += o.single_ok;
         self.batch_ok += o.batch_ok;
         self.slots_ok += o.slots_ok;
-        self.err_calls += o.err_calls;
         for (k, v) in o.errors_by_sqlstate {
             *self.errors_by_sqlstate.entry(k).or_default() += v;
-        }
-        self.connects += o.connects;
-        self.connect_failures += o.connect_failures;
-        for e in o.sample_errors {
-            self.note(e);
         }
     }
 }
@@ -299,12 +287,12 @@ fn seq_worker(
         let Some(c) = client.as_mut() else {
             match ep.connect(opts.statement_timeout_ms) {
                 Ok(c) => {
-                    stats.connects += 1;
+                    stats.load.connects += 1;
                     client = Some(c);
                 }
                 Err(e) => {
-                    stats.connect_failures += 1;
-                    stats.note(format!("connect: {}", pg_error_string(&e)));
+                    stats.load.connect_failures += 1;
+                    stats.load.note(format!("connect: {}", pg_error_string(&e)));
                     std::thread::sleep(opts.backoff);
                 }
             }
@@ -358,16 +346,17 @@ fn seq_worker(
                 } else {
                     stats.single_ok += 1;
                 }
+                stats.load.ok_calls += 1;
                 stats.slots_ok += entries.len() as u64;
                 for ((k, n), s) in entries.iter().zip(starts) {
                     history.record_ok(start, end, &ep.name, k, s, *n as i64);
                 }
             }
             Err(e) => {
-                stats.err_calls += 1;
+                stats.load.err_calls += 1;
                 *stats.errors_by_sqlstate.entry(sqlstate_of(&e)).or_default() += 1;
                 let msg = pg_error_string(&e);
-                stats.note(msg.clone());
+                stats.load.note(msg.clone());
                 for (k, n) in &entries {
                     history.record_err(start, end, &ep.name, k, msg.clone(), *n as i64);
                 }

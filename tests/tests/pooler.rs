@@ -181,9 +181,12 @@ fn transaction_pooling_keeps_order_and_tiles_blocks() {
     let (max_backends, samples) = sampler.join()[0];
 
     assert_eq!(stats.err_calls, 0, "timestamp calls failed through the pooler: {stats:?}");
-    assert_eq!(seq_stats.err_calls, 0, "sequence calls failed through the pooler: {seq_stats:?}");
     assert_eq!(
-        stats.connects + seq_stats.connects,
+        seq_stats.load.err_calls, 0,
+        "sequence calls failed through the pooler: {seq_stats:?}"
+    );
+    assert_eq!(
+        stats.connects + seq_stats.load.connects,
         16,
         "each of the 16 clients connected once and stayed: {stats:?} {seq_stats:?}"
     );

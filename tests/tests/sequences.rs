@@ -225,7 +225,7 @@ fn concurrent_blocks_tile_and_group_commit() {
     let stats = SeqLoad::start(node.endpoint(), opts, history.clone()).join();
     let after = counters(&mut su);
 
-    assert_eq!(stats.err_calls, 0, "no call may fail on a healthy server: {stats:?}");
+    assert_eq!(stats.load.err_calls, 0, "no call may fail on a healthy server: {stats:?}");
     assert!(stats.single_ok >= 16 && stats.batch_ok >= 1, "{stats:?}");
     let totals = totals_of(&mut su, &keys);
     let report = check_history(&history, &totals, &stats);
@@ -304,7 +304,7 @@ fn crash_under_load(name: &str, how: Crash) {
     }
 
     assert_only_outage_errors(&stats);
-    assert!(stats.err_calls >= 1, "the crash interrupted no call at all? {stats:?}");
+    assert!(stats.load.err_calls >= 1, "the crash interrupted no call at all? {stats:?}");
 
     let mut c = node.connect();
     let totals = totals_of(&mut c, &keys);
@@ -314,7 +314,7 @@ fn crash_under_load(name: &str, how: Crash) {
         "{how:?} kill -9: {} ok calls, errors {:?}, {} connects; totals {totals:?}; gaps (burnt blocks) {gaps:?}",
         stats.ok_calls(),
         stats.errors_by_sqlstate,
-        stats.connects
+        stats.load.connects
     );
     // Still dense afterwards: the next block of every key starts at its total.
     for k in keys {
@@ -635,7 +635,7 @@ fn cancel_and_timeouts_while_the_worker_is_stuck() {
     // A concurrent load after the release stays dense (all the calls above included).
     let opts = SeqLoadOptions::new(8, Duration::from_secs(2), &["w"]);
     let stats = SeqLoad::start(node.endpoint(), opts, history.clone()).join();
-    assert_eq!(stats.err_calls, 0, "{stats:?}");
+    assert_eq!(stats.load.err_calls, 0, "{stats:?}");
     let t = totals_of(&mut su, &["w"]);
     let report = check_history(&history, &t, &stats);
     assert_eq!(
@@ -800,7 +800,7 @@ fn batch_is_all_or_nothing() {
         failed += 1;
     }
     let stats = load.join();
-    assert_eq!(stats.err_calls, 0, "{stats:?}");
+    assert_eq!(stats.load.err_calls, 0, "{stats:?}");
     let t = totals_of(&mut c, &["busy"]);
     let report = check_history(&history, &t, &stats);
     assert!(report.keys["busy"].gaps.is_empty());
