@@ -91,13 +91,7 @@ impl PgDir {
 
 impl Drop for PgDir {
     fn drop(&mut self) {
-        if std::thread::panicking()
-            && std::env::var_os("TSORACLE_KEEP_FAILED").is_some_and(|v| v == "1")
-        {
-            eprintln!("[harness] keeping {}", self.path.display());
-        } else {
-            let _ = fs::remove_dir_all(&self.path);
-        }
+        crate::process::remove_unless_kept(&self.path, "the directory");
     }
 }
 
