@@ -91,7 +91,13 @@ impl PgDir {
 
 impl Drop for PgDir {
     fn drop(&mut self) {
-        crate::process::remove_unless_kept(&self.path, "the directory");
+        if std::thread::panicking()
+            && std::env::var_os("TSORACLE_KEEP_FAILED").is_some_and(|v| v == "1")
+        {
+            eprintln!("[harness] keeping {}", self.path.display());
+        } else {
+            let _ = fs::remove_dir_all(&self.path);
+        }
     }
 }
 

@@ -27,15 +27,12 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::path::PathBuf;
 use std::process::{Child, Command};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::error::HarnessError;
 use crate::node::{make_base_dir, pg_user, pick_port, run_cmd, Node};
 use crate::patroni::http;
-use crate::process::{
-    chown, log_len, log_since, open_log, read_tail, remove_unless_kept, server_command,
-    start_on_free_port, wait_started, Started,
-};
+use crate::process::{chown, open_log, read_tail, server_command};
 use crate::Result;
 
 /// The postgres_exporter queries the repository ships.
@@ -94,11 +91,19 @@ impl Exporter {
             "host=127.0.0.1 port={} user={user} dbname=postgres sslmode=disable connect_timeout=5",
             node.port()
         );
-        start_on_free_port(&format!("exporter {name}"), |port| {
-            exporter.port = port;
-            exporter.try_start(&dsn, &queries)
-        })?;
-        Ok(exporter)
+        let mut last = String::new();
+        for attempt in 0..5 {
+            if attempt > 0 {
+                exporter.port = pick_port()?;
+            }
+            match exporter.try_start(&dsn, &queries)? {
+                None => return Ok(exporter),
+                Some(log) => last = log,
+            }
+        }
+        Err(HarnessError::Other(format!(
+            "exporter {name}: could not bind a port after 5 attempts; last log:\n{last}"
+        )))
     }
 
     /// One start. `Ok(None)`: it answered a scrape; `Ok(Some(log))`: the port was busy.
@@ -106,7 +111,7 @@ impl Exporter {
         let bin =
             std::env::var("TSORACLE_POSTGRES_EXPORTER").unwrap_or_else(|_| EXPORTER_BIN.into());
         let (out, err) = open_log(&self.log)?;
-        let offset = log_len(&self.log);
+        let offset = fs::metadata(&self.log).map(|m| m.len()).unwrap_or(0);
         let mut cmd = server_command(&bin, &self.dir, true)?;
         cmd.env("DATA_SOURCE_NAME", dsn)
             .arg(format!("--web.listen-address=127.0.0.1:{}", self.port))
@@ -120,26 +125,43 @@ impl Exporter {
             ])
             .stdout(out)
             .stderr(err);
-        let child = cmd.spawn().map_err(|e| HarnessError::io(format!("spawn {bin}"), e))?;
-        let started = wait_started(
-            &format!("exporter {}", self.name),
-            child,
-            START_TIMEOUT,
-            Duration::from_millis(50),
-            "address already in use",
-            || log_since(&self.log, offset),
-            || {
-                matches!(http(self.port, "GET", "/metrics", Duration::from_secs(5)),
-                    Ok((200, body)) if body.contains("pg_up"))
-            },
-        )?;
-        Ok(match started {
-            Started::Ready(child) => {
-                self.child = Some(child);
-                None
+        let mut child = cmd.spawn().map_err(|e| HarnessError::io(format!("spawn {bin}"), e))?;
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            if let Some(status) =
+                child.try_wait().map_err(|e| HarnessError::io("wait exporter", e))?
+            {
+                let log = self.new_log(offset);
+                if log.contains("address already in use") {
+                    return Ok(Some(log));
+                }
+                return Err(HarnessError::Other(format!(
+                    "exporter {}: exited during start ({status}):\n{log}",
+                    self.name
+                )));
             }
-            Started::PortTaken(log) => Some(log),
-        })
+            if let Ok((200, body)) = http(self.port, "GET", "/metrics", Duration::from_secs(5)) {
+                if body.contains("pg_up") {
+                    self.child = Some(child);
+                    return Ok(None);
+                }
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(HarnessError::Timeout(format!(
+                    "exporter {}: no scrape answered after {START_TIMEOUT:?}:\n{}",
+                    self.name,
+                    self.new_log(offset)
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn new_log(&self, offset: u64) -> String {
+        let text = fs::read(&self.log).unwrap_or_default();
+        String::from_utf8_lossy(&text[(offset as usize).min(text.len())..]).into_owned()
     }
 
     pub fn port(&self) -> u16 {
@@ -180,7 +202,12 @@ impl Drop for Exporter {
             let _ = child.kill();
             let _ = child.wait();
         }
-        remove_unless_kept(&self.dir, &format!("exporter {}", self.name));
+        let keep = panicking && std::env::var_os("TSORACLE_KEEP_FAILED").is_some_and(|v| v == "1");
+        if keep {
+            eprintln!("[harness] keeping exporter {} at {}", self.name, self.dir.display());
+        } else {
+            let _ = fs::remove_dir_all(&self.dir);
+        }
     }
 }
 

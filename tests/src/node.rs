@@ -855,7 +855,12 @@ impl Drop for Node {
                 let _ = wait_gone(&kids, Duration::from_secs(30));
             }
         }
-        crate::process::remove_unless_kept(&self.base, &format!("node {}", self.name));
+        let keep = panicking && std::env::var_os("TSORACLE_KEEP_FAILED").is_some_and(|v| v == "1");
+        if keep {
+            eprintln!("[harness] keeping node {} at {}", self.name, self.base.display());
+        } else {
+            let _ = fs::remove_dir_all(&self.base);
+        }
     }
 }
 

@@ -72,10 +72,7 @@ use postgres::{Client, NoTls};
 use crate::error::HarnessError;
 use crate::load::Endpoint;
 use crate::node::{make_base_dir, pg_bin_dir, pg_user, pick_port, scrub_env, Node};
-use crate::process::{
-    chown, log_len, log_since, open_log, read_tail, remove_unless_kept, server_command,
-    start_on_free_port, wait_started, Started,
-};
+use crate::process::{chown, open_log, read_tail, server_command};
 use crate::Result;
 
 /// The configuration the repository ships, which the pooler runs with.
@@ -185,12 +182,20 @@ impl PgBouncer {
             .collect();
         let userlist = bouncer.dir.join("userlist.txt");
         write_owned(&userlist, &users)?;
-        start_on_free_port(&format!("pgbouncer {name}"), |port| {
-            bouncer.port = port;
+        let mut last = String::new();
+        for attempt in 0..5 {
+            if attempt > 0 {
+                bouncer.port = pick_port()?;
+            }
             bouncer.write_config(&opts, &copy, &userlist)?;
-            bouncer.try_start()
-        })?;
-        Ok(bouncer)
+            match bouncer.try_start()? {
+                None => return Ok(bouncer),
+                Some(log) => last = log,
+            }
+        }
+        Err(HarnessError::Other(format!(
+            "pgbouncer {name}: could not bind a port after 5 attempts; last output:\n{last}"
+        )))
     }
 
     fn write_config(&self, opts: &PgBouncerOpts, shipped: &Path, userlist: &Path) -> Result<()> {
@@ -218,32 +223,49 @@ impl PgBouncer {
 
     /// One start. `Ok(None)`: accepting connections; `Ok(Some(output))`: the port was busy.
     fn try_start(&mut self) -> Result<Option<String>> {
-        let offset = log_len(&self.log);
+        let offset = fs::metadata(&self.log).map(|m| m.len()).unwrap_or(0);
         let bin = std::env::var("TSORACLE_PGBOUNCER").unwrap_or_else(|_| PGBOUNCER_BIN.into());
         let (out, err) = open_log(&self.stderr)?;
         let mut cmd = server_command(&bin, &self.dir, true)?;
         cmd.arg(self.config_path()).stdout(out).stderr(err);
-        let child = cmd.spawn().map_err(|e| HarnessError::io(format!("spawn {bin}"), e))?;
-        let started = wait_started(
-            &format!("pgbouncer {}", self.name),
-            child,
-            START_TIMEOUT,
-            Duration::from_millis(20),
-            "Address already in use",
-            || format!("{}\n{}", log_since(&self.log, offset), read_tail(&self.stderr, 20)),
-            // "process up" is logged once the listening sockets are open.
-            || {
-                log_since(&self.log, offset).contains("process up")
-                    && std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok()
-            },
-        )?;
-        Ok(match started {
-            Started::Ready(child) => {
-                self.child = Some(child);
-                None
+        let mut child = cmd.spawn().map_err(|e| HarnessError::io(format!("spawn {bin}"), e))?;
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            if let Some(status) =
+                child.try_wait().map_err(|e| HarnessError::io("wait pgbouncer", e))?
+            {
+                let output = format!("{}\n{}", self.new_log(offset), read_tail(&self.stderr, 20));
+                if output.contains("Address already in use") {
+                    return Ok(Some(output));
+                }
+                return Err(HarnessError::Other(format!(
+                    "pgbouncer {}: exited during start ({status}):\n{output}",
+                    self.name
+                )));
             }
-            Started::PortTaken(output) => Some(output),
-        })
+            // "process up" is logged once the listening sockets are open.
+            if self.new_log(offset).contains("process up")
+                && std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok()
+            {
+                self.child = Some(child);
+                return Ok(None);
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(HarnessError::Timeout(format!(
+                    "pgbouncer {}: not accepting connections after {START_TIMEOUT:?}:\n{}",
+                    self.name,
+                    self.new_log(offset)
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn new_log(&self, offset: u64) -> String {
+        let text = fs::read(&self.log).unwrap_or_default();
+        String::from_utf8_lossy(&text[(offset as usize).min(text.len())..]).into_owned()
     }
 
     /// The file PgBouncer was started with (it includes the shipped one).
@@ -339,7 +361,12 @@ impl Drop for PgBouncer {
             let _ = child.kill();
             let _ = child.wait();
         }
-        remove_unless_kept(&self.dir, &format!("pgbouncer {}", self.name));
+        let keep = panicking && std::env::var_os("TSORACLE_KEEP_FAILED").is_some_and(|v| v == "1");
+        if keep {
+            eprintln!("[harness] keeping pgbouncer {} at {}", self.name, self.dir.display());
+        } else {
+            let _ = fs::remove_dir_all(&self.dir);
+        }
     }
 }
 

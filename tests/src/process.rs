@@ -8,7 +8,7 @@ use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::error::HarnessError;
@@ -213,96 +213,4 @@ pub(crate) fn wait_gone(pids: &[i32], timeout: Duration) -> Result<()> {
         }
         std::thread::sleep(Duration::from_millis(10));
     }
-}
-
-// ================================================================================ daemons
-
-/// After a test, remove `dir` — unless the thread is panicking and `TSORACLE_KEEP_FAILED=1`,
-/// which keeps it for a look (`what` names it in the message).
-pub(crate) fn remove_unless_kept(dir: &Path, what: &str) {
-    if std::thread::panicking()
-        && std::env::var_os("TSORACLE_KEEP_FAILED").is_some_and(|v| v == "1")
-    {
-        eprintln!("[harness] keeping {what} at {}", dir.display());
-    } else {
-        let _ = fs::remove_dir_all(dir);
-    }
-}
-
-/// The length of a log file (0 if it does not exist yet): where a start's own lines begin.
-pub(crate) fn log_len(path: &Path) -> u64 {
-    fs::metadata(path).map(|m| m.len()).unwrap_or(0)
-}
-
-/// What a log file holds past `offset`.
-pub(crate) fn log_since(path: &Path, offset: u64) -> String {
-    let text = fs::read(path).unwrap_or_default();
-    String::from_utf8_lossy(&text[(offset as usize).min(text.len())..]).into_owned()
-}
-
-/// How one start of a daemon on a loopback port ended, when it did not fail.
-pub(crate) enum Started {
-    /// It is ready.
-    Ready(Child),
-    /// It exited because its port was taken: its output, for the report if no port works.
-    PortTaken(String),
-}
-
-/// Wait for a daemon just spawned as `child` until `ready()`, polling every `poll` for at
-/// most `timeout`. If it exits first and `output()` holds `port_taken`, that is
-/// [`Started::PortTaken`] (try another port); any other exit, or no readiness in time (the
-/// child is then killed), is an error that shows `output()`.
-pub(crate) fn wait_started(
-    what: &str,
-    mut child: Child,
-    timeout: Duration,
-    poll: Duration,
-    port_taken: &str,
-    output: impl Fn() -> String,
-    mut ready: impl FnMut() -> bool,
-) -> Result<Started> {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(status) =
-            child.try_wait().map_err(|e| HarnessError::io(format!("wait {what}"), e))?
-        {
-            let out = output();
-            if out.contains(port_taken) {
-                return Ok(Started::PortTaken(out));
-            }
-            return Err(HarnessError::Other(format!(
-                "{what}: exited during start ({status}):\n{out}"
-            )));
-        }
-        if ready() {
-            return Ok(Started::Ready(child));
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            return Err(HarnessError::Timeout(format!(
-                "{what}: not ready after {timeout:?}:\n{}",
-                output()
-            )));
-        }
-        std::thread::sleep(poll);
-    }
-}
-
-/// Start a daemon on a free loopback port: `attempt(port)` starts it once and says whether
-/// the port was taken (`Ok(Some(output))`); five ports are tried.
-pub(crate) fn start_on_free_port(
-    what: &str,
-    mut attempt: impl FnMut(u16) -> Result<Option<String>>,
-) -> Result<()> {
-    let mut last = String::new();
-    for _ in 0..5 {
-        match attempt(crate::node::pick_port()?)? {
-            None => return Ok(()),
-            Some(output) => last = output,
-        }
-    }
-    Err(HarnessError::Other(format!(
-        "{what}: could not bind a port after 5 attempts; last output:\n{last}"
-    )))
 }

@@ -707,6 +707,11 @@ impl Drop for PatroniCluster {
             let _ = etcd.kill();
             let _ = etcd.wait();
         }
-        crate::process::remove_unless_kept(&self.base, "the Patroni cluster");
+        let keep = panicking && std::env::var_os("TSORACLE_KEEP_FAILED").is_some_and(|v| v == "1");
+        if keep {
+            eprintln!("[patroni] keeping {}", self.base.display());
+        } else {
+            let _ = fs::remove_dir_all(&self.base);
+        }
     }
 }
