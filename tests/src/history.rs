@@ -132,7 +132,8 @@ impl<T: Clone> Recorder<T> {
         self.len() == 0
     }
 
-    fn with_calls<R>(&self, f: impl FnOnce(&[T]) -> R) -> R {
+    /// `f` of the calls recorded so far, without copying them.
+    pub fn with_calls<R>(&self, f: impl FnOnce(&[T]) -> R) -> R {
         let g = self.calls.lock().unwrap_or_else(|p| p.into_inner());
         f(&g)
     }

@@ -6,26 +6,21 @@
 //! One `pgbouncer` process, in the foreground as a child of the test, as the OS user that runs
 //! the servers (`postgres`, `TSORACLE_PG_USER` overrides: PgBouncer refuses to run as root),
 //! in a directory of its own under the test directory (like a node's). It reads a file the
-//! harness writes there, `pgbouncer.ini`:
+//! harness writes there, `pgbouncer.ini`: the shipped file line for line, except that
 //!
-//! ```ini
-//! %include <dir>/tsoracle.ini            ; contrib/pgbouncer/pgbouncer.ini, byte for byte
-//! [databases]
-//! tx = host=127.0.0.1 port=<node> dbname=postgres pool_size=4    ; PgBouncerOpts::database
-//! [pgbouncer]
-//! listen_addr = 127.0.0.1
-//! listen_port = <a free port>
-//! unix_socket_dir =
-//! auth_file = <dir>/userlist.txt
-//! logfile = <dir>/pgbouncer.log
-//! pidfile = <dir>/pgbouncer.pid
-//! ```
+//! - the machine-local settings ([`LOCAL_SETTINGS`]: `listen_addr = 127.0.0.1`, a free
+//!   `listen_port`, an empty `unix_socket_dir`, and `auth_file`, `logfile`, `pidfile` in the
+//!   directory) get this PgBouncer's values where the shipped file sets them;
+//! - `[databases]` holds the test's entries ([`PgBouncerOpts::database`], e.g.
+//!   `tx = host=127.0.0.1 port=<node> dbname=postgres pool_size=4`) instead of the shipped `*`;
+//! - `stats_users` names the first user, so [`PgBouncer::show_config`] can read `SHOW CONFIG`.
 //!
-//! so every setting of the shipped file applies except those that name a machine's paths and
-//! ports (the [`LOCAL_SETTINGS`]); a database entry may set pool options of its own
-//! (`pool_size`, `pool_mode`), as PgBouncer allows per database. The shipped file is copied
-//! into the directory when PgBouncer starts (the `postgres` OS user may not be able to read
-//! the work tree, see CONTRIBUTING.md), and [`PgBouncer::start`] checks the copy is the same.
+//! so every other setting of the shipped file applies, and `the_pooler_runs_the_shipped_
+//! configuration` checks it against `SHOW CONFIG`. (An earlier harness wrote `%include
+//! <shipped file>` and set the local settings in a `[pgbouncer]` section after it: PgBouncer
+//! 1.18 then ran with its defaults — session pooling, `auth_type = md5` — not the file's.) A
+//! database entry may set pool options of its own (`pool_size`, `pool_mode`), as PgBouncer
+//! allows per database.
 //!
 //! Clients authenticate to PgBouncer with SCRAM-SHA-256 (the shipped `auth_type`) against
 //! the users and passwords of [`PgBouncerOpts::user`] in `auth_file`; PgBouncer connects to the
@@ -78,7 +73,7 @@ use crate::Result;
 /// The configuration the repository ships, which the pooler runs with.
 pub const PGBOUNCER_INI: &str =
     concat!(env!("CARGO_MANIFEST_DIR"), "/../contrib/pgbouncer/pgbouncer.ini");
-/// The settings of [`PGBOUNCER_INI`] the harness sets again after it: those that name a
+/// The settings of [`PGBOUNCER_INI`] the harness gives values of its own: those that name a
 /// machine's addresses, ports and paths.
 pub const LOCAL_SETTINGS: &[&str] =
     &["listen_addr", "listen_port", "unix_socket_dir", "auth_file", "logfile", "pidfile"];
@@ -124,6 +119,8 @@ impl PgBouncerOpts {
 /// A running PgBouncer (see the module documentation).
 pub struct PgBouncer {
     name: String,
+    /// The user (and password) of `stats_users`.
+    stats_user: (String, String),
     dir: PathBuf,
     port: u16,
     child: Option<Child>,
@@ -142,6 +139,65 @@ fn auth_quote(s: &str) -> String {
     format!("\"{}\"", s.replace('"', "\"\""))
 }
 
+/// `shipped` with `local` settings given these values (each must be set there, in
+/// `[pgbouncer]`), its `[databases]` entries replaced by `databases`, and `stats_users`
+/// added: the file a test's PgBouncer runs (see the module documentation).
+pub fn local_config(
+    shipped: &str,
+    databases: &[(String, String)],
+    local: &[(&str, String)],
+    stats_user: &str,
+) -> Result<String> {
+    let mut out =
+        String::from(";; written by the tsoracle-tests harness (tests/src/pooler.rs) from\n");
+    out.push_str(&format!(";; {PGBOUNCER_INI}: local settings and [databases] replaced\n"));
+    let (mut section, mut seen) = (String::new(), Vec::new());
+    let mut sections = Vec::new();
+    for line in shipped.lines() {
+        let t = line.trim();
+        if t.starts_with('[') {
+            section = t.to_string();
+            sections.push(section.clone());
+            out.push_str(line);
+            out.push('\n');
+            match t {
+                "[databases]" => {
+                    for (db, entry) in databases {
+                        out.push_str(&format!("{db} = {entry}\n"));
+                    }
+                }
+                "[pgbouncer]" => out.push_str(&format!("stats_users = {stats_user}\n")),
+                _ => {}
+            }
+            continue;
+        }
+        let setting = !t.is_empty() && !t.starts_with(';') && !t.starts_with('#');
+        if setting && section == "[databases]" {
+            continue;
+        }
+        let key = t.split_once('=').map(|(k, _)| k.trim());
+        match key.and_then(|k| local.iter().find(|(l, _)| *l == k)) {
+            Some((k, v)) if setting && section == "[pgbouncer]" => {
+                out.push_str(&format!("{k} = {v}\n"));
+                seen.push(*k);
+            }
+            _ => {
+                out.push_str(line);
+                out.push('\n');
+            }
+        }
+    }
+    let missing: Vec<&str> = local.iter().map(|(k, _)| *k).filter(|k| !seen.contains(k)).collect();
+    let sections_missing =
+        ["[databases]", "[pgbouncer]"].iter().any(|s| !sections.iter().any(|have| have == s));
+    if !missing.is_empty() || sections_missing {
+        return Err(HarnessError::Other(format!(
+            "{PGBOUNCER_INI} must have [databases] and [pgbouncer] and set {missing:?} in [pgbouncer]"
+        )));
+    }
+    Ok(out)
+}
+
 fn write_owned(path: &Path, text: &str) -> Result<()> {
     fs::write(path, text).map_err(|e| HarnessError::io(format!("write {}", path.display()), e))?;
     chown(path)
@@ -157,6 +213,7 @@ impl PgBouncer {
         let dir = make_base_dir(&format!("pgbouncer-{name}"), uid, gid)?;
         let mut bouncer = PgBouncer {
             name: name.to_string(),
+            stats_user: opts.users[0].clone(),
             log: dir.join("pgbouncer.log"),
             stderr: dir.join("pgbouncer.stderr"),
             port: pick_port()?,
@@ -165,16 +222,6 @@ impl PgBouncer {
         };
         let shipped = fs::read_to_string(PGBOUNCER_INI)
             .map_err(|e| HarnessError::io(format!("read {PGBOUNCER_INI}"), e))?;
-        let copy = bouncer.dir.join("tsoracle.ini");
-        write_owned(&copy, &shipped)?;
-        let back = fs::read_to_string(&copy)
-            .map_err(|e| HarnessError::io(format!("read {}", copy.display()), e))?;
-        if back != shipped {
-            return Err(HarnessError::Other(format!(
-                "{} differs from {PGBOUNCER_INI}",
-                copy.display()
-            )));
-        }
         let users: String = opts
             .users
             .iter()
@@ -187,7 +234,7 @@ impl PgBouncer {
             if attempt > 0 {
                 bouncer.port = pick_port()?;
             }
-            bouncer.write_config(&opts, &copy, &userlist)?;
+            bouncer.write_config(&opts, &shipped, &userlist)?;
             match bouncer.try_start()? {
                 None => return Ok(bouncer),
                 Some(log) => last = log,
@@ -198,13 +245,7 @@ impl PgBouncer {
         )))
     }
 
-    fn write_config(&self, opts: &PgBouncerOpts, shipped: &Path, userlist: &Path) -> Result<()> {
-        let mut text =
-            String::from(";; written by the tsoracle-tests harness (tests/src/pooler.rs)\n");
-        text.push_str(&format!("%include {}\n\n[databases]\n", shipped.display()));
-        for (db, entry) in &opts.databases {
-            text.push_str(&format!("{db} = {entry}\n"));
-        }
+    fn write_config(&self, opts: &PgBouncerOpts, shipped: &str, userlist: &Path) -> Result<()> {
         let local = [
             ("listen_addr", "127.0.0.1".to_string()),
             ("listen_port", self.port.to_string()),
@@ -214,10 +255,7 @@ impl PgBouncer {
             ("pidfile", self.dir.join("pgbouncer.pid").display().to_string()),
         ];
         debug_assert!(local.iter().map(|(k, _)| *k).eq(LOCAL_SETTINGS.iter().copied()));
-        text.push_str("\n[pgbouncer]\n");
-        for (k, v) in local {
-            text.push_str(&format!("{k} = {v}\n"));
-        }
+        let text = local_config(shipped, &opts.databases, &local, &self.stats_user.0)?;
         write_owned(&self.config_path(), &text)
     }
 
@@ -268,13 +306,29 @@ impl PgBouncer {
         String::from_utf8_lossy(&text[(offset as usize).min(text.len())..]).into_owned()
     }
 
-    /// The file PgBouncer was started with (it includes the shipped one).
+    /// The file PgBouncer was started with (the shipped one with the local settings).
     pub fn config_path(&self) -> PathBuf {
         self.dir.join("pgbouncer.ini")
     }
 
     pub fn port(&self) -> u16 {
         self.port
+    }
+
+    /// `SHOW CONFIG` of the running PgBouncer (its admin console, as the `stats_users` user):
+    /// setting name to value.
+    pub fn show_config(&self) -> Result<std::collections::BTreeMap<String, String>> {
+        let (user, password) = &self.stats_user;
+        let mut c = self.connect("pgbouncer", user, password)?;
+        let mut out = std::collections::BTreeMap::new();
+        for m in c.simple_query("SHOW CONFIG")? {
+            if let postgres::SimpleQueryMessage::Row(r) = m {
+                if let (Some(k), Some(v)) = (r.get(0), r.get(1)) {
+                    out.insert(k.to_string(), v.to_string());
+                }
+            }
+        }
+        Ok(out)
     }
 
     /// PgBouncer's process ID.
