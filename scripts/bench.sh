@@ -17,6 +17,8 @@
 # BENCH_WRITE_CLIENTS (INSERT and UPDATE rows, default: BENCH_CLIENTS),
 # BENCH_UPDATE_ROWS (rows of the UPDATE tables, default 100000),
 # BENCH_COPY_ROWS (rows per COPY, default 1000000), BENCH_COPY_REPS (default 5),
+# BENCH_CEIL_CLIENTS (tso_seq against one-row INSERT commits, default "1 2 4 8 32 128"; empty
+# skips it),
 # BENCH_CURVE_CLIENTS (the scaling curve, default "1 2 4 8 16 32 64 128 256"; empty skips it),
 # BENCH_CURVE_SECONDS (pgbench -T per curve run, default 5), BENCH_CURVE_REPS (default 2),
 # BENCH_CURVE_SAMPLING (pgbench --sampling-rate of the curve's per-transaction logs, default 0.2),
@@ -76,6 +78,7 @@ UPDATE_ROWS=${BENCH_UPDATE_ROWS:-100000}
 COPY_ROWS=${BENCH_COPY_ROWS:-1000000}
 COPY_REPS=${BENCH_COPY_REPS:-5}
 CURVE_CLIENTS=${BENCH_CURVE_CLIENTS-"1 2 4 8 16 32 64 128 256"}
+CEIL_CLIENTS=${BENCH_CEIL_CLIENTS-"1 2 4 8 32 128"}
 CURVE_SECS=${BENCH_CURVE_SECONDS:-5}
 CURVE_REPS=${BENCH_CURVE_REPS:-2}
 CURVE_SAMPLING=${BENCH_CURVE_SAMPLING:-0.2}
@@ -435,6 +438,29 @@ if [ "$SEQ_OK" = 1 ]; then
     done
 else
     echo "==> tso_seq: not available, skipping its rows" >&2
+fi
+
+# --- 4b. tso_seq against the durable-commit ceiling ----------------------------------------
+# Any design that makes each block durable before it returns pays at least one flushed commit
+# per call: independent clients each committing a one-row INSERT (PostgreSQL's own group
+# commit, no shared row) are that ceiling. One client's per-transaction log gives the latency.
+if [ "$SEQ_OK" = 1 ] && [ -n "$CEIL_CLIENTS" ]; then
+    echo "==> tso_seq('k', 100) vs one-row INSERT commits (clients: $CEIL_CLIENTS)" >&2
+    sql "CREATE TABLE IF NOT EXISTS commit_ceiling (v int NOT NULL) WITH (autovacuum_enabled = off)" \
+        || die "set-up of the commit-ceiling table failed"
+    for c in $CEIL_CLIENTS; do
+        for r in $(seq 1 "$REPS"); do
+            for w in $(rotated "$r" tso_seq ins_commit); do
+                if [ "$c" = 1 ]; then
+                    run_pgbench "ceil_$w" "$w" "$c" "$r" -l --log-prefix="$RUNS/txlog.ceil_$w.c$c.r$r"
+                    rec lat "ceil_$w" "$c" "$r" "$RUNS/txlog.ceil_$w.c$c.r$r"
+                else
+                    run_pgbench "ceil_$w" "$w" "$c" "$r"
+                fi
+            done
+        done
+        sql "TRUNCATE commit_ceiling" >/dev/null
+    done
 fi
 
 # --- 5. the write paths users run: INSERT with a default, COPY, UPDATE of a version stamp ------

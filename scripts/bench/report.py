@@ -255,6 +255,23 @@ else:
         rows.append(["SELECT tso_seq('k', 100)", c, fmt_tps(med(cand.values())), "nextval('s100')",
                      fmt_tps(med(nv.values())), fmt_ratio(r), "report", "-"])
 
+# 4b. tso_seq against the durable-commit ceiling (one-row INSERT commits)
+for c in sorted({c for (w, c) in tps if w == "ceil_tso_seq"}):
+    cand, base = tps.get(("ceil_tso_seq", c), {}), tps.get(("ceil_ins_commit", c), {})
+    r = paired_ratio(cand, base)
+    flag(["SELECT tso_seq('k', 100)", c, fmt_tps(med(cand.values())), "one-row INSERT commits",
+          fmt_tps(med(base.values())), fmt_ratio(r), ">= 0.90", verdict(None if r is None else r >= 0.9)],
+         noisy(cand, base, busy_keys=[("ceil_tso_seq", c), ("ceil_ins_commit", c)]))
+for c in sorted({c for (w, c) in lat if w == "ceil_tso_seq"}):
+    for p in ("p50", "p99"):
+        cand = {rep: v[p] for rep, v in ((rep, percentiles(pre)) for rep, pre in lat[("ceil_tso_seq", c)].items()) if v}
+        base = {rep: v[p] for rep, v in ((rep, percentiles(pre)) for rep, pre in lat.get(("ceil_ins_commit", c), {}).items()) if v}
+        r = paired_ratio(cand, base)
+        flag([f"{p} latency, SELECT tso_seq('k', 100)", c, fmt_lat(med(cand.values())),
+              f"{p} of a one-row INSERT commit", fmt_lat(med(base.values())), fmt_ratio(r), "<= 1.15",
+              verdict(None if r is None else r <= 1.15)],
+             noisy(busy_keys=[("ceil_tso_seq", c), ("ceil_ins_commit", c)]))
+
 # 5. p99 latency across window extensions
 p99 = {}
 for (w, c), reps in sorted(lat.items()):

@@ -1,0 +1,1 @@
+INSERT INTO commit_ceiling (v) VALUES (1);
