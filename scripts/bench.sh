@@ -19,6 +19,8 @@
 # BENCH_COPY_ROWS (rows per COPY, default 1000000), BENCH_COPY_REPS (default 5),
 # BENCH_CEIL_CLIENTS (tso_seq against one-row INSERT commits, default "1 2 4 8 32 128"; empty
 # skips it),
+# BENCH_ONLY (run only these sections, e.g. "throughput writes": throughput, resolved, percall,
+# batch, seq, ceiling, writes, p99, curve; default: all),
 # BENCH_CURVE_CLIENTS (the scaling curve, default "1 2 4 8 16 32 64 128 256"; empty skips it),
 # BENCH_CURVE_SECONDS (pgbench -T per curve run, default 5), BENCH_CURVE_REPS (default 2),
 # BENCH_CURVE_SAMPLING (pgbench --sampling-rate of the curve's per-transaction logs, default 0.2),
@@ -79,6 +81,9 @@ COPY_ROWS=${BENCH_COPY_ROWS:-1000000}
 COPY_REPS=${BENCH_COPY_REPS:-5}
 CURVE_CLIENTS=${BENCH_CURVE_CLIENTS-"1 2 4 8 16 32 64 128 256"}
 CEIL_CLIENTS=${BENCH_CEIL_CLIENTS-"1 2 4 8 32 128"}
+ONLY=${BENCH_ONLY:-}
+# want SECTION: run this section (all of them unless BENCH_ONLY names some).
+want() { [ -z "$ONLY" ] || [[ " $ONLY " == *" $1 "* ]]; }
 CURVE_SECS=${BENCH_CURVE_SECONDS:-5}
 CURVE_REPS=${BENCH_CURVE_REPS:-2}
 CURVE_SAMPLING=${BENCH_CURVE_SAMPLING:-0.2}
@@ -374,6 +379,7 @@ interleave() {
 rec info busy_before "$(busy_pct 3)"
 
 # --- 1. throughput: tso_next() vs SELECT 1 vs nextval('s') ------------------------------------
+if want throughput; then
 # SELECT clock_timestamp() is there to show what calling any function costs a one-call
 # statement (against SELECT 1, which calls none).
 echo "==> throughput: tso_next() vs SELECT 1 vs nextval('s') vs clock_timestamp() (clients: $CLIENTS)" >&2
@@ -383,14 +389,22 @@ for c in $CLIENTS; do
         interleave "$c" "$r" select1 tso_next nextval clock
     done
 done
+fi
 
 # --- 1b. tso_resolved(): cheap enough to poll ----------------------------------------------------
+if want resolved; then
 echo "==> throughput: tso_resolved() vs SELECT 1 ($BATCH_CLIENTS clients)" >&2
+# Its SELECT 1 runs are recorded as res_select1: section 1's own SELECT 1 runs at the same
+# client count are the baselines its tso_next() runs were paired with.
 for r in $(seq 1 "$REPS"); do
-    interleave "$BATCH_CLIENTS" "$r" select1 resolved
+    for w in $(rotated "$r" select1 resolved); do
+        run_pgbench "res_$w" "$w" "$BATCH_CLIENTS" "$r"
+    done
 done
+fi
 
 # --- 2. per-call cost inside one backend -----------------------------------------------------
+if want percall; then
 echo "==> per-call cost: count(f()) over generate_series(1, $PERCALL_N)" >&2
 {
     echo '\timing on'
@@ -417,14 +431,18 @@ else
     rec fail percall 1 0 "$(grep -m 1 ERROR "$WORK/percall.out" | tr '\t' ' ')"
     echo "    per-call runs FAILED: $(grep -m 1 ERROR "$WORK/percall.out")" >&2
 fi
+fi
 
 # --- 3. tso_next_batch(1000) -----------------------------------------------------------------
+if want batch; then
 echo "==> tso_next_batch(1000), $BATCH_CLIENTS clients" >&2
 for r in $(seq 1 "$REPS"); do
     run_pgbench tso_next_batch tso_next_batch "$BATCH_CLIENTS" "$r"
 done
+fi
 
 # --- 4. tso_seq('k', 100) vs a counter table vs nextval ----------------------------------------
+if want seq; then
 if [ "$SEQ_OK" = 1 ]; then
     echo "==> tso_seq('k', 100) vs counter-table UPDATE ... RETURNING vs nextval('s100') (clients: $CLIENTS)" >&2
     for c in $CLIENTS; do
@@ -439,8 +457,10 @@ if [ "$SEQ_OK" = 1 ]; then
 else
     echo "==> tso_seq: not available, skipping its rows" >&2
 fi
+fi
 
 # --- 4b. tso_seq against the durable-commit ceiling ----------------------------------------
+if want ceiling; then
 # Any design that makes each block durable before it returns pays at least one flushed commit
 # per call: independent clients each committing a one-row INSERT (PostgreSQL's own group
 # commit, no shared row) are that ceiling. One client's per-transaction log gives the latency.
@@ -462,8 +482,10 @@ if [ "$SEQ_OK" = 1 ] && [ -n "$CEIL_CLIENTS" ]; then
         sql "TRUNCATE commit_ceiling" >/dev/null
     done
 fi
+fi
 
 # --- 5. the write paths users run: INSERT with a default, COPY, UPDATE of a version stamp ------
+if want writes; then
 # Before every run: TRUNCATE (INSERT) or VACUUM (UPDATE) of the table about to be written, then
 # CHECKPOINT, so that each run starts from the same state and pays for no other run's dirt.
 write_prep() {
@@ -528,8 +550,10 @@ for r in $(seq 1 "$COPY_REPS"); do
     done
 done
 sql "TRUNCATE t_tso, t_clock, t_seq" && sql "CHECKPOINT" || die "clean-up of the write tables failed"
+fi
 
 # --- 6. p99 latency across window extensions -------------------------------------------------
+if want p99; then
 # Latency scripts end with a \set: pgbench caches its clock within one pass of a client's
 # state machine, so without a meta-command after the query a reply that is already there
 # when pgbench looks gets latency 0 (common on 2 oversubscribed cores); the \set makes it
@@ -568,8 +592,10 @@ for r in $(seq 1 "$REPS"); do
 done
 status_rec p99_end
 sql "ALTER SYSTEM RESET tsoracle.window_ahead_ms" && sql "SELECT pg_reload_conf()" >/dev/null
+fi
 
 # --- 7. the scaling curve: tso_next() and SELECT 1 from 1 to 256 clients ---------------------
+if want curve; then
 # Closed loop, the latency scripts (see section 6), per-transaction logs sampled at
 # CURVE_SAMPLING; throughput from pgbench, p50/p99 from the logs (scripts/bench/report.py).
 if [ -n "$CURVE_CLIENTS" ]; then
@@ -590,6 +616,7 @@ if [ -n "$CURVE_CLIENTS" ]; then
             done
         done
     done
+fi
 fi
 
 check_server

@@ -312,8 +312,8 @@ def tps_row(label, cw, blabel, bw, c, target=None):
              noisy(cand, base, busy_keys=[(cw, c), (bw, c)]))
 
 
-for c in sorted({c for (w, c) in tps if w == "resolved"}):
-    tps_row("SELECT tso_resolved()", "resolved", "SELECT 1", "select1", c)
+for c in sorted({c for (w, c) in tps if w == "res_resolved"}):
+    tps_row("SELECT tso_resolved()", "res_resolved", "SELECT 1", "res_select1", c)
 
 write_clients = sorted({c for (w, c) in tps if w.startswith(("ins_", "upd_"))})
 for c in write_clients:
