@@ -495,24 +495,34 @@ fn every_function_through_transaction_and_session_pooling() {
 
     let mut waiter = pooled(&b, "one", APP);
     let mut other = pooled(&b, "one", APP);
+    // When each statement ran, on the server's clock (the two clients' threads read their
+    // answers in either order): the waiter's clock_timestamp() is read after
+    // tso_wait_resolved returned, the other's when its statement began.
     let w = std::thread::spawn(move || {
         let r = waiter
             .query_typed_one(
-                "SELECT tso_wait_resolved(tso_resolved() + (1::bigint << 40), 1500), pg_backend_pid()",
+                "SELECT tso_wait_resolved(tso_resolved() + (1::bigint << 40), 1500), pg_backend_pid(), \
+                        extract(epoch FROM clock_timestamp())::float8",
                 &[],
             )
             .unwrap_or_else(|e| panic!("tso_wait_resolved: {}", pg_error_string(&e)));
-        (r.get::<_, i32>(1), Instant::now())
+        (r.get::<_, i32>(1), r.get::<_, f64>(2))
     });
     let waiting = wait_waiting_backend(&mut su, "tso_wait_resolved", &[]);
-    let r = other.query_typed_one("SELECT pg_backend_pid()", &[]).unwrap();
-    let other_done = Instant::now();
+    let r = other
+        .query_typed_one(
+            "SELECT pg_backend_pid(), extract(epoch FROM clock_timestamp())::float8",
+            &[],
+        )
+        .unwrap();
     let (wait_pid, wait_done) = w.join().unwrap();
     assert_eq!(wait_pid, waiting);
     assert_eq!(r.get::<_, i32>(0), wait_pid, "pool_size=1: one server connection");
+    let other_began = r.get::<_, f64>(1);
     assert!(
-        wait_done <= other_done,
-        "the other client's statement ran only after tso_wait_resolved returned"
+        wait_done <= other_began,
+        "the other client's statement, sent while tso_wait_resolved waited, ran only after it \
+         returned ({other_began} < {wait_done})"
     );
 }
 
