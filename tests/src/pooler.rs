@@ -139,6 +139,31 @@ fn auth_quote(s: &str) -> String {
     format!("\"{}\"", s.replace('"', "\"\""))
 }
 
+/// The key and value of a `key = value` line of a PgBouncer ini file (not a comment, a section
+/// header or a blank line).
+fn setting_line(line: &str) -> Option<(&str, &str)> {
+    let t = line.trim();
+    if t.is_empty() || t.starts_with([';', '#', '[']) {
+        return None;
+    }
+    t.split_once('=').map(|(k, v)| (k.trim(), v.trim()))
+}
+
+/// The settings of `section` (e.g. `"[pgbouncer]"`) in a PgBouncer ini text, in file order.
+pub fn section_settings(text: &str, section: &str) -> Vec<(String, String)> {
+    let mut current = "";
+    let mut out = Vec::new();
+    for line in text.lines() {
+        let t = line.trim();
+        if t.starts_with('[') {
+            current = t;
+        } else if current == section {
+            out.extend(setting_line(line).map(|(k, v)| (k.to_string(), v.to_string())));
+        }
+    }
+    out
+}
+
 /// `shipped` with `local` settings given these values (each must be set there, in
 /// `[pgbouncer]`), its `[databases]` entries replaced by `databases`, and `stats_users`
 /// added: the file a test's PgBouncer runs (see the module documentation).
@@ -171,13 +196,12 @@ pub fn local_config(
             }
             continue;
         }
-        let setting = !t.is_empty() && !t.starts_with(';') && !t.starts_with('#');
-        if setting && section == "[databases]" {
+        let key = setting_line(line).map(|(k, _)| k);
+        if key.is_some() && section == "[databases]" {
             continue;
         }
-        let key = t.split_once('=').map(|(k, _)| k.trim());
         match key.and_then(|k| local.iter().find(|(l, _)| *l == k)) {
-            Some((k, v)) if setting && section == "[pgbouncer]" => {
+            Some((k, v)) if section == "[pgbouncer]" => {
                 out.push_str(&format!("{k} = {v}\n"));
                 seen.push(*k);
             }

@@ -27,7 +27,7 @@ use postgres::types::{ToSql, Type};
 use postgres::{Client, Row};
 use tsoracle_tests::exporter::{promtool, Exporter, Metrics, ALERT_RULES, ALERT_RULES_TEST};
 use tsoracle_tests::pooler::{
-    create_role, PgBouncer, PgBouncerOpts, Psql, LOCAL_SETTINGS, PGBOUNCER_INI,
+    create_role, section_settings, PgBouncer, PgBouncerOpts, Psql, LOCAL_SETTINGS, PGBOUNCER_INI,
 };
 use tsoracle_tests::seqlease::{seq_totals, seq_unnamed, SeqLoad, SeqLoadOptions};
 use tsoracle_tests::tso::{self, uuid_timestamp};
@@ -892,21 +892,7 @@ fn the_pooler_runs_the_shipped_configuration() {
     let node = serving_node("pool-config", NodeOpts::new());
     let b = bouncer("config", &node, &[("tx", "")]);
     let shipped = std::fs::read_to_string(PGBOUNCER_INI).unwrap();
-    let settings = |text: &str| -> Vec<(String, String)> {
-        let mut section = "";
-        let mut out = Vec::new();
-        for line in text.lines().map(str::trim) {
-            if line.starts_with('[') {
-                section = line;
-            } else if section == "[pgbouncer]" && !line.starts_with(';') {
-                if let Some((k, v)) = line.split_once('=') {
-                    out.push((k.trim().to_string(), v.trim().to_string()));
-                }
-            }
-        }
-        out
-    };
-    let wanted: Vec<(String, String)> = settings(&shipped)
+    let wanted: Vec<(String, String)> = section_settings(&shipped, "[pgbouncer]")
         .into_iter()
         .filter(|(k, _)| !LOCAL_SETTINGS.contains(&k.as_str()))
         .collect();
@@ -920,8 +906,11 @@ fn the_pooler_runs_the_shipped_configuration() {
     // The written file: the shipped one, but for the local settings, the database entries and
     // stats_users.
     let written = std::fs::read_to_string(b.config_path()).unwrap();
-    let changed: BTreeSet<String> =
-        settings(&written).into_iter().filter(|kv| !wanted.contains(kv)).map(|(k, _)| k).collect();
+    let changed: BTreeSet<String> = section_settings(&written, "[pgbouncer]")
+        .into_iter()
+        .filter(|kv| !wanted.contains(kv))
+        .map(|(k, _)| k)
+        .collect();
     let allowed: BTreeSet<String> =
         LOCAL_SETTINGS.iter().chain(&["stats_users"]).map(|k| k.to_string()).collect();
     assert_eq!(changed, allowed, "only machine-local settings and stats_users differ");
