@@ -126,6 +126,25 @@ CREATE TRIGGER keep_what_was_issued_truncate BEFORE TRUNCATE ON tsoracle.seq
 CREATE TRIGGER keep_what_was_issued_truncate BEFORE TRUNCATE ON tsoracle.lease
     FOR EACH STATEMENT EXECUTE FUNCTION tsoracle.keep_what_was_issued();
 
+-- The lock protocol of tso_seq's in-place path (docs/sequences.md): a caller that advances a
+-- counter in place holds ROW EXCLUSIVE on tsoracle.seq while it writes; every MVCC writer of
+-- the table (the worker, the restore merge, a superuser's statement) first takes SHARE ROW
+-- EXCLUSIVE, which waits for those writes and keeps new ones out until it commits. So no
+-- statement reads a counter that is then moved under it. Statement-level, before any row is
+-- read; COPY fires it too.
+CREATE FUNCTION tsoracle.lock_counters() RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    LOCK TABLE tsoracle.seq IN SHARE ROW EXCLUSIVE MODE;
+    RETURN NULL;
+END
+$$;
+REVOKE EXECUTE ON FUNCTION tsoracle.lock_counters() FROM PUBLIC;
+CREATE TRIGGER lock_counters BEFORE INSERT OR UPDATE OR DELETE ON tsoracle.seq
+    FOR EACH STATEMENT EXECUTE FUNCTION tsoracle.lock_counters();
+
 REVOKE EXECUTE ON FUNCTION tso_seed(bigint) FROM PUBLIC;
 
 -- Predefined roles. Sequences and leases are privileges: grant tsoracle_seq_user to roles

@@ -6,6 +6,8 @@
 //! |--------------------|-------------------------|-------------------------|----------------------------|
 //! | `my_proc_number`   | `MyProc->pgprocno`      | `MyProcNumber`          | `MyProcNumber`             |
 //! | `set_signal`       | `pqsignal`              | `pqsignal`              | `pqsignal_be` (the macro's target) |
+//! | `primary_key_index`| `RelationGetPrimaryKeyIndex(rel)` | same          | `…(rel, deferrable_ok)`    |
+//! | `tuple_desc_attr`  | `desc->attrs[i]`        | `desc->attrs[i]`        | `TupleDescAttr(desc, i)`   |
 
 use pgrx::pg_sys;
 
@@ -44,4 +46,53 @@ pub unsafe fn set_signal(signo: i32, handler: pg_sys::pqsigfunc) {
 pub unsafe fn set_signal(signo: i32, handler: pg_sys::pqsigfunc) {
     // SAFETY: the caller vouches for the handler; pqsignal_be only calls sigaction.
     unsafe { pg_sys::pqsignal_be(signo, handler) };
+}
+
+/// The OID of `rel`'s primary-key index (`InvalidOid` if none).
+///
+/// # Safety
+/// `rel` must be an open relation, inside a transaction.
+#[cfg(any(feature = "pg15", feature = "pg16", feature = "pg17"))]
+pub unsafe fn primary_key_index(rel: pg_sys::Relation) -> pg_sys::Oid {
+    // SAFETY: the caller vouches for the open relation; a relcache lookup.
+    unsafe { pg_sys::RelationGetPrimaryKeyIndex(rel) }
+}
+
+/// The OID of `rel`'s primary-key index (PostgreSQL 18 added `deferrable_ok`; ours is
+/// never deferrable, so false asks for exactly what 15 to 17 return).
+///
+/// # Safety
+/// `rel` must be an open relation, inside a transaction.
+#[cfg(feature = "pg18")]
+pub unsafe fn primary_key_index(rel: pg_sys::Relation) -> pg_sys::Oid {
+    // SAFETY: the caller vouches for the open relation; a relcache lookup.
+    unsafe { pg_sys::RelationGetPrimaryKeyIndex(rel, false) }
+}
+
+/// Attribute `i` (0-based) of a tuple descriptor.
+///
+/// # Safety
+/// `desc` must be a valid tuple descriptor with more than `i` attributes.
+#[cfg(any(feature = "pg15", feature = "pg16", feature = "pg17"))]
+pub unsafe fn tuple_desc_attr(
+    desc: pg_sys::TupleDesc,
+    i: usize,
+) -> *const pg_sys::FormData_pg_attribute {
+    // SAFETY: the caller vouches for the descriptor and the index; up to 17 the attributes
+    // are the descriptor's trailing array.
+    unsafe { (*desc).attrs.as_ptr().add(i) }
+}
+
+/// Attribute `i` (0-based) of a tuple descriptor (PostgreSQL 18 put the compact attributes
+/// first; `TupleDescAttr` finds the full ones after them).
+///
+/// # Safety
+/// `desc` must be a valid tuple descriptor with more than `i` attributes.
+#[cfg(feature = "pg18")]
+pub unsafe fn tuple_desc_attr(
+    desc: pg_sys::TupleDesc,
+    i: usize,
+) -> *const pg_sys::FormData_pg_attribute {
+    // SAFETY: the caller vouches for the descriptor and the index (which fits in an int).
+    unsafe { pg_sys::TupleDescAttr(desc, i as std::ffi::c_int) }
 }

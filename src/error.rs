@@ -48,6 +48,11 @@ pub enum TsoError {
     #[error("permission denied: {0}")]
     InsufficientPrivilege(String),
 
+    /// A cancel cut short the wait for synchronous standbys after a block was written: the
+    /// block is a gap, never granted again.
+    #[error("canceling the wait for synchronous replication: {0}")]
+    SyncWaitCancelled(String),
+
     /// `PREPARE TRANSACTION` of a transaction that took timestamps (`crate::resolved`).
     #[error("cannot PREPARE a transaction that has taken tsoracle timestamps")]
     PrepareRefused,
@@ -79,6 +84,7 @@ impl TsoError {
             TsoError::NotFound(_) => ERRCODE_NO_DATA_FOUND,
             TsoError::OutcomeUnknown(_) => ERRCODE_T_R_STATEMENT_COMPLETION_UNKNOWN,
             TsoError::InsufficientPrivilege(_) => ERRCODE_INSUFFICIENT_PRIVILEGE,
+            TsoError::SyncWaitCancelled(_) => ERRCODE_QUERY_CANCELED,
             TsoError::DropRefused(_) => ERRCODE_OBJECT_IN_USE,
             TsoError::PrepareRefused => ERRCODE_FEATURE_NOT_SUPPORTED,
             TsoError::WaitOnItself(_) => ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
@@ -104,6 +110,10 @@ impl TsoError {
             TsoError::TooManyLeases(_) => Some("Release leases that are no longer used (tso_lease_release).".into()),
             TsoError::OutcomeUnknown(_) => Some(
                 "Check with tso_seq_peek(): a block the worker committed for a caller that left is a gap, never granted again."
+                    .into(),
+            ),
+            TsoError::SyncWaitCancelled(_) => Some(
+                "The block was written but not yet acknowledged by the synchronous standbys; it is a gap, never granted again. Retry the call once the standbys are back."
                     .into(),
             ),
             TsoError::PrepareRefused => Some(

@@ -18,6 +18,11 @@ pub static HA_TTL_MS: GucSetting<i32> = GucSetting::<i32>::new(0);
 pub static EXPIRED_LEASE_RETENTION_MS: GucSetting<i32> = GucSetting::<i32>::new(600_000);
 pub static ALLOW_DROP: GucSetting<bool> = GucSetting::<bool>::new(false);
 pub static RESOLVED_INTERVAL_MS: GucSetting<i32> = GucSetting::<i32>::new(100);
+pub static SEQ_IN_PLACE: GucSetting<bool> = GucSetting::<bool>::new(true);
+#[cfg(feature = "clock-fault")]
+pub static TEST_SEQ_PAUSE_MS: GucSetting<i32> = GucSetting::<i32>::new(0);
+#[cfg(feature = "clock-fault")]
+pub static TEST_SEQ_IN_PLACE_UNDER_SYNC: GucSetting<bool> = GucSetting::<bool>::new(false);
 #[cfg(feature = "clock-fault")]
 pub static TEST_CLOCK_OFFSET_MS: GucSetting<i32> = GucSetting::<i32>::new(0);
 
@@ -149,6 +154,34 @@ pub fn define() {
         GucFlags::UNIT_MS,
     );
     GucRegistry::define_bool_guc(
+        c"tsoracle.seq_in_place",
+        c"Let tso_seq() advance an existing counter of this database itself, at the cost of one WAL flush.",
+        c"Off, every call goes through the worker's group commit. Either way a block is durable (and acknowledged by synchronous standbys) before it is returned.",
+        &SEQ_IN_PLACE,
+        GucContext::Suset,
+        GucFlags::default(),
+    );
+    #[cfg(feature = "clock-fault")]
+    GucRegistry::define_int_guc(
+        c"tsoracle.test_seq_pause_ms",
+        c"Test builds only: how long tso_seq() pauses between writing a block's WAL and flushing it.",
+        c"Lets a test kill the server inside that window.",
+        &TEST_SEQ_PAUSE_MS,
+        0,
+        600_000,
+        GucContext::Suset,
+        GucFlags::UNIT_MS,
+    );
+    #[cfg(feature = "clock-fault")]
+    GucRegistry::define_bool_guc(
+        c"tsoracle.test_seq_in_place_under_sync",
+        c"Test builds only: let tso_seq() advance in place while synchronous standbys are configured.",
+        c"Production builds send those calls to the worker; this exercises the in-place path's own wait for the standbys.",
+        &TEST_SEQ_IN_PLACE_UNDER_SYNC,
+        GucContext::Suset,
+        GucFlags::default(),
+    );
+    GucRegistry::define_bool_guc(
         c"tsoracle.allow_drop",
         c"Let this session drop the extension tsoracle, its high-water table or its database, or lower or delete what its tables hold.",
         c"Off, such drops and writes fail with SQLSTATE 55006: the oracle could repeat timestamps, sequence blocks or pass a lease holder's bound. Superusers only.",
@@ -253,4 +286,21 @@ unsafe extern "C-unwind" fn assign_test_clock_offset(
 
 pub fn resolved_interval_ms() -> u64 {
     RESOLVED_INTERVAL_MS.get().max(1) as u64
+}
+
+pub fn seq_in_place() -> bool {
+    SEQ_IN_PLACE.get()
+}
+
+#[cfg(feature = "clock-fault")]
+pub fn test_seq_pause_ms() -> u64 {
+    TEST_SEQ_PAUSE_MS.get().max(0) as u64
+}
+
+/// Test builds: whether `tso_seq` may advance in place under synchronous replication.
+pub fn test_seq_in_place_under_sync() -> bool {
+    #[cfg(feature = "clock-fault")]
+    return TEST_SEQ_IN_PLACE_UNDER_SYNC.get();
+    #[cfg(not(feature = "clock-fault"))]
+    false
 }

@@ -20,6 +20,7 @@ mod replica;
 mod resolved;
 mod restore;
 mod seq;
+mod seq_inplace;
 mod shmem;
 mod status;
 mod timestamps;

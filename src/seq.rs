@@ -1,5 +1,6 @@
 //! SQL surface of the dense sequences: `tso_seq`, `tso_seq_batch`, `tso_seq_peek`.
-//! Every call is a request to the worker, which group-commits them.
+//! `tso_seq` on an existing key of the worker's database advances it in place
+//! (`seq_inplace`); every other call is a request to the worker, which group-commits them.
 
 use crate::error::{OrReport, TsoError};
 use crate::guc;
@@ -44,6 +45,9 @@ fn advance(key: Option<&str>, count: Option<i32>) -> Result<i64, TsoError> {
     let key = checked_key(key)?;
     let count = checked_count(count)?;
     ensure_primary("advance a sequence")?;
+    if let Some(start) = crate::seq_inplace::try_advance(key, count)? {
+        return Ok(start);
+    }
     start_of(key, count, one_reply(Request::new(RequestKind::SeqAdvance, key, count))?)
 }
 

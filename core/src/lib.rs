@@ -4,6 +4,7 @@
 
 pub mod allocator;
 pub mod clock;
+pub mod counter_page;
 pub mod error;
 pub mod fence;
 pub mod lease;

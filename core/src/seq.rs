@@ -25,6 +25,26 @@ pub fn validate_count(count: i64, max_count: u64) -> Result<u64, CoreError> {
     }
 }
 
+/// The end of the block `[base, base + count)` of a counter at `base`: the value the counter
+/// holds once the block is granted. Both the worker's group commit ([`plan_group`]) and the
+/// caller's in-place advance take their blocks through it.
+pub fn block_end(base: i64, count: u64) -> Result<i64, CoreError> {
+    i64::try_from(count)
+        .ok()
+        .and_then(|c| base.checked_add(c))
+        .ok_or(CoreError::SeqOverflow { base, total: count })
+}
+
+/// Whether a block written in place may be returned once the caller's wait for synchronous
+/// standbys (PostgreSQL's `SyncRepWaitForLSN`) is over. That wait ends without an error on a
+/// cancel or terminate: `interrupted` says one was pending when it ended. The block may be
+/// returned when the standbys acknowledged its WAL position (`acknowledged >= lsn`), or when
+/// the wait was not cut short: it then returned because no synchronous standby is configured,
+/// exactly as a commit's does. Anything else loses the block (never returned).
+pub fn may_return_after_sync_wait(lsn: u64, acknowledged: u64, interrupted: bool) -> bool {
+    acknowledged >= lsn || !interrupted
+}
+
 /// One pending request of a group commit. Requests that share `batch` come from one
 /// `tso_seq_batch()` call and succeed or fail together.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -87,13 +107,13 @@ pub fn plan_group(
                     0
                 }
             };
-            match i64::try_from(r.count).ok().and_then(|c| base.checked_add(c)) {
-                Some(end) => {
+            match block_end(base, r.count) {
+                Ok(end) => {
                     staged.insert(r.key, end);
                     starts.push(base);
                 }
-                None => {
-                    failure = Some(CoreError::SeqOverflow { base, total: r.count });
+                Err(e) => {
+                    failure = Some(e);
                     break;
                 }
             }
@@ -197,5 +217,58 @@ mod tests {
         assert_eq!(plan.results[0], Ok(3));
         assert_eq!(plan.results[1], Ok(0));
         assert_eq!(plan.results[2], Err(CoreError::TooManySeqKeys { max: 3 }));
+    }
+
+    mod in_place {
+        use super::*;
+        use proptest::prelude::*;
+
+        proptest! {
+            /// Successive in-place advances of one counter tile `[0, end)`, and agree with the
+            /// group commit's plan for the same calls in the same order.
+            #[test]
+            fn in_place_blocks_tile_like_a_group_commit(counts in proptest::collection::vec(1u64..=65536, 1..60)) {
+                let mut next = 0i64;
+                let mut starts = Vec::new();
+                for &c in &counts {
+                    let end = block_end(next, c).unwrap();
+                    prop_assert_eq!(end - next, c as i64, "a block holds exactly its count");
+                    starts.push(next);
+                    next = end;
+                }
+                let requests: Vec<SeqRequest> = counts
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &count)| SeqRequest { batch: i as u64, key: "k", count })
+                    .collect();
+                let plan = plan_group(&requests, &HashMap::new(), 0, 1);
+                let planned: Vec<i64> = plan.results.into_iter().map(|r| r.unwrap()).collect();
+                prop_assert_eq!(planned, starts);
+                prop_assert_eq!(plan.updates, vec![("k".to_string(), next)]);
+            }
+
+            /// Never past bigint: an advance that would overflow is refused, never wrapped.
+            #[test]
+            fn block_end_never_wraps(base in 0i64..=i64::MAX, count in 0u64..=u64::MAX) {
+                match block_end(base, count) {
+                    Ok(end) => prop_assert!(end >= base && (end - base) as u64 == count),
+                    Err(e) => {
+                        prop_assert_eq!(e, CoreError::SeqOverflow { base, total: count });
+                        prop_assert!(i64::try_from(count).map_or(true, |c| base.checked_add(c).is_none()));
+                    }
+                }
+            }
+
+            /// A block is returned after the synchronous-replication wait only if the standbys
+            /// acknowledged it, or if nothing cut the wait short.
+            #[test]
+            fn sync_wait(lsn in 0u64..1000, acknowledged in 0u64..1000, interrupted: bool) {
+                let ok = may_return_after_sync_wait(lsn, acknowledged, interrupted);
+                prop_assert_eq!(ok, acknowledged >= lsn || !interrupted);
+                if interrupted && acknowledged < lsn {
+                    prop_assert!(!ok, "a cancelled wait short of the standbys returns nothing");
+                }
+            }
+        }
     }
 }

@@ -66,6 +66,13 @@ pub(super) fn advance_sequences(
     if seq.is_empty() {
         return replies;
     }
+    // The lock protocol of the in-place path (`crate::seq_inplace`): wait for the callers
+    // writing counters in place, and keep them out until this group commits, before reading
+    // any counter. Its statements' trigger takes the same lock again (a no-op then).
+    if let Some(relid) = crate::seq_inplace::counter_table() {
+        // SAFETY: inside the group's transaction; held until it ends.
+        unsafe { pg_sys::LockRelationOid(relid, pg_sys::ShareRowExclusiveLock as i32) };
+    }
     let keys: Vec<String> = {
         let mut keys: Vec<String> = seq.iter().map(|(_, r)| r.name().to_string()).collect();
         keys.sort_unstable();

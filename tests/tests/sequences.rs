@@ -205,6 +205,13 @@ fn recorded_seq(
     r
 }
 
+/// A node whose `tso_seq` calls all go through the worker's group commit, for the tests of
+/// that path (`tsoracle.seq_in_place = off`; by default a call on an existing key of the
+/// worker's database advances it in place, without the worker).
+fn worker_only() -> NodeOpts {
+    NodeOpts::new().setting("tsoracle.seq_in_place", "off")
+}
+
 // ============================================================================ 1
 
 /// 16 sessions on 3 keys, single calls with random counts 1..=100 and batches over 2 of the
@@ -214,7 +221,7 @@ fn recorded_seq(
 /// fewer commits than calls (some commit carried two calls or more).
 #[test]
 fn concurrent_blocks_tile_and_group_commit() {
-    let node = serving_node("seq-concurrent", NodeOpts::new());
+    let node = serving_node("seq-concurrent", worker_only());
     let mut su = node.connect();
     let keys = ["alpha", "beta", "gamma"];
     let before = counters(&mut su);
@@ -348,7 +355,7 @@ fn kill9_worker_under_load_grants_no_block_twice() {
 /// after a group's commit and before its caller read the answer.
 #[test]
 fn kill9_while_the_worker_flushes_never_grants_the_groups_blocks() {
-    let node = serving_node("seq-kill9-flush", NodeOpts::new());
+    let node = serving_node("seq-kill9-flush", worker_only());
     let keys = ["k1", "k2", "k3"];
     let history = DenseHistory::new();
     let opts = SeqLoadOptions::new(16, Duration::from_secs(180), &keys);
@@ -468,7 +475,7 @@ fn rollback_does_not_return_the_block() {
 /// not committed (the worker's transaction aborted), the other sessions survive.
 #[test]
 fn cancel_and_timeouts_while_the_worker_is_stuck() {
-    let mut node = serving_node("seq-stuck", NodeOpts::new());
+    let mut node = serving_node("seq-stuck", worker_only());
     let pm = node.postmaster_pid();
     let history = DenseHistory::new();
     let mut su = node.connect();

@@ -70,9 +70,9 @@ ORDER BY c.oid::regclass::text;
 SELECT rolname, rolcanlogin, rolsuper, rolinherit
 FROM pg_roles WHERE rolname LIKE 'tsoracle%' ORDER BY 1;
 
--- The settings (the tests' own build adds tsoracle.test_clock_offset_ms: not part of the
+-- The settings (the tests' own build adds the tsoracle.test_* settings: not part of the
 -- surface).
 SELECT name, context, vartype, unit, min_val, max_val, boot_val, short_desc
 FROM pg_settings
-WHERE name LIKE 'tsoracle.%' AND name <> 'tsoracle.test_clock_offset_ms'
+WHERE name LIKE 'tsoracle.%' AND name NOT LIKE 'tsoracle.test\_%'
 ORDER BY name;

@@ -1,0 +1,377 @@
+//! `tso_seq`'s in-place path: the calling backend advances an existing counter itself, at
+//! the cost of one WAL flush, with no hand-off to the worker (docs/sequences.md, "The
+//! in-place path").
+//!
+//! Vocabulary. *In place*: `next` (and `updated_at`) are overwritten inside the live tuple
+//! of the key's row, under the page's exclusive buffer lock, and the change is logged as a
+//! generic WAL record (`GenericXLog*`, replayed by core PostgreSQL on standbys and in
+//! point-in-time recovery). *MVCC writers*: everything else that writes `tsoracle.seq` (the
+//! worker's group commit, the restore merge, a superuser's statement); each takes
+//! `SHARE ROW EXCLUSIVE` on the table first (the worker explicitly, the others through the
+//! statement trigger `tsoracle.lock_counters`), which conflicts with the `ROW EXCLUSIVE` an
+//! in-place writer holds while it writes. So an MVCC writer never reads a counter that an
+//! in-place writer then moves, and an in-place writer only ever sees committed versions.
+//!
+//! The order of one call: lock the table (`ROW EXCLUSIVE`), find the row through the primary
+//! key with a fresh snapshot, lock its buffer exclusively, check that the line pointer still
+//! holds the live version for this key (`tsoracle_core::counter_page`), write, log, unlock
+//! both, then `XLogFlush` the record and wait for synchronous standbys as a commit would
+//! (`SyncRepWaitForLSN`, with the wait mode `synchronous_commit = on` gives). Only then is
+//! the block returned. A crash before the flush loses the record, and its block was never
+//! returned; a later block's flush covers every earlier record.
+//!
+//! Anything unusual goes to the worker instead ([`try_advance`] returns `None`): another
+//! database, a key that does not exist yet, a role that may not use the key (the worker
+//! reports it), configured synchronous standbys (the worker's wait for them is bounded),
+//! strict mode, `wal_level = minimal`, a table whose shape is not the one this code reads, a
+//! row version that is not plainly live.
+
+use crate::error::TsoError;
+use crate::guc;
+use pgrx::pg_sys;
+use std::ffi::c_int;
+use std::sync::OnceLock;
+use tsoracle_core::counter_page::{counter_tuple, write_counter};
+use tsoracle_core::seq::{block_end, may_return_after_sync_wait};
+
+/// Whether this backend is connected to the worker's database (fixed for its life).
+static IN_WORKER_DATABASE: OnceLock<bool> = OnceLock::new();
+
+fn in_worker_database() -> bool {
+    *IN_WORKER_DATABASE.get_or_init(|| {
+        let Ok(name) = std::ffi::CString::new(guc::database()) else {
+            return false;
+        };
+        // SAFETY: a syscache lookup by name inside the caller's transaction; missing_ok.
+        let oid = unsafe { pg_sys::get_database_oid(name.as_ptr(), true) };
+        // SAFETY: MyDatabaseId is set before any SQL runs in a backend.
+        oid != pg_sys::InvalidOid && oid == unsafe { pg_sys::MyDatabaseId }
+    })
+}
+
+/// `tsoracle.seq`'s OID in this database, if the extension is installed.
+pub fn counter_table() -> Option<pg_sys::Oid> {
+    // SAFETY: syscache lookups by name inside the caller's transaction (missing_ok); the
+    // names are fixed, so no search_path is involved.
+    let oid = unsafe {
+        let schema = pg_sys::get_namespace_oid(c"tsoracle".as_ptr(), true);
+        if schema == pg_sys::InvalidOid {
+            return None;
+        }
+        pg_sys::get_relname_relid(c"seq".as_ptr(), schema)
+    };
+    (oid != pg_sys::InvalidOid).then_some(oid)
+}
+
+/// Whether synchronous standbys are configured, as the server's commits see it
+/// (`WalSndCtl->sync_standbys_status`, which the checkpointer sets on every reload; not the
+/// backend's own copy of `synchronous_standby_names`, which lags a reload). Unknown (not
+/// initialised yet) counts as configured. Such calls go to the worker, whose wait for the
+/// standbys is bounded (`tsoracle.extension_timeout_ms`, then 57P03); the in-place path
+/// still waits for them itself after its flush, should they be configured in between.
+fn synchronous_standbys_configured() -> bool {
+    // SAFETY: WalSndCtl lives in shared memory for the server's life (NULL only before it is
+    // set up); a one-byte volatile read of a flag the checkpointer writes.
+    let status = unsafe {
+        let ctl = pg_sys::WalSndCtl;
+        if ctl.is_null() {
+            return true;
+        }
+        std::ptr::read_volatile(&raw const (*ctl).sync_standbys_status)
+    };
+    u32::from(status) & pg_sys::SYNC_STANDBY_INIT == 0
+        || u32::from(status) & pg_sys::SYNC_STANDBY_DEFINED != 0
+}
+
+/// Advance `key` by `count` in place, if this call may; `Ok(None)` sends it to the worker.
+pub fn try_advance(key: &str, count: u64) -> Result<Option<i64>, TsoError> {
+    // SAFETY: a process-local global set from the server's configuration.
+    let wal_level = unsafe { pg_sys::wal_level };
+    if !guc::seq_in_place()
+        || guc::require_synchronous_standby()
+        || wal_level < pg_sys::WalLevel::WAL_LEVEL_REPLICA as c_int
+        || (synchronous_standbys_configured() && !guc::test_seq_in_place_under_sync())
+        || !in_worker_database()
+    {
+        return Ok(None);
+    }
+    let Some(relid) = counter_table() else {
+        return Ok(None);
+    };
+    // SAFETY: inside the caller's transaction; the lock is released below, or by the
+    // transaction's abort if anything in between raises an error.
+    unsafe { pg_sys::LockRelationOid(relid, pg_sys::RowExclusiveLock as c_int) };
+    // SAFETY: the table is locked; every pointer used below comes from PostgreSQL for it.
+    let written = unsafe { write_in_place(relid, key, count) };
+    // SAFETY: releases the ROW EXCLUSIVE taken above (a lock the transaction held before
+    // is kept: the lock manager counts acquisitions).
+    unsafe { pg_sys::UnlockRelationOid(relid, pg_sys::RowExclusiveLock as c_int) };
+    let Some((start, lsn)) = written else {
+        return Ok(None);
+    };
+    #[cfg(feature = "clock-fault")]
+    {
+        let pause = guc::test_seq_pause_ms();
+        if pause > 0 {
+            // SAFETY: a plain sleep in the calling backend (test builds only).
+            unsafe { pg_sys::pg_usleep((pause * 1000) as std::ffi::c_long) };
+        }
+    }
+    // SAFETY: flushing WAL up to a position this backend inserted.
+    unsafe { pg_sys::XLogFlush(lsn) };
+    wait_for_synchronous_standbys(lsn, key)?;
+    Ok(Some(start))
+}
+
+/// Find the live row of `key` and advance it; `None` if it is not plainly there.
+///
+/// # Safety
+/// `relid` is `tsoracle.seq`, locked `ROW EXCLUSIVE` by this transaction.
+unsafe fn write_in_place(relid: pg_sys::Oid, key: &str, count: u64) -> Option<(i64, u64)> {
+    // SAFETY: the caller holds a lock on the relation.
+    let rel = unsafe { pg_sys::table_open(relid, pg_sys::NoLock as c_int) };
+    // SAFETY: rel is open until table_close below.
+    let result = unsafe { locate_and_write(rel, key, count) };
+    // SAFETY: closes what table_open opened; the lock stays with the caller.
+    unsafe { pg_sys::table_close(rel, pg_sys::NoLock as c_int) };
+    result
+}
+
+/// The table as this code reads it: a permanent heap table whose first four columns are
+/// `key text, next bigint, updated_at timestamptz, owner regrole`, keyed by `key` alone.
+///
+/// # Safety
+/// `rel` is open.
+unsafe fn expected_shape(rel: pg_sys::Relation) -> Option<pg_sys::Oid> {
+    // SAFETY: rd_rel and rd_att are valid for an open relation.
+    let (form, desc, natts) = unsafe { (&*(*rel).rd_rel, (*rel).rd_att, (*(*rel).rd_att).natts) };
+    if form.relkind != pg_sys::RELKIND_RELATION as std::ffi::c_char
+        || form.relam != pg_sys::HEAP_TABLE_AM_OID
+        || form.relpersistence != pg_sys::RELPERSISTENCE_PERMANENT as std::ffi::c_char
+        || natts < 4
+    {
+        return None;
+    }
+    let expected = [
+        (pg_sys::TEXTOID, -1),
+        (pg_sys::INT8OID, 8),
+        (pg_sys::TIMESTAMPTZOID, 8),
+        (pg_sys::REGROLEOID, 4),
+    ];
+    let attrs: [&pg_sys::FormData_pg_attribute; 4] = std::array::from_fn(|i| {
+        // SAFETY: natts >= 4, so the first four attributes exist, as long as rel is open.
+        unsafe { &*crate::compat::tuple_desc_attr(desc, i) }
+    });
+    for (attr, (typid, len)) in attrs.iter().zip(expected) {
+        if attr.atttypid != typid || attr.attlen != len || attr.attisdropped {
+            return None;
+        }
+    }
+    if attrs[1].attalign != b'd' as std::ffi::c_char
+        || attrs[2].attalign != b'd' as std::ffi::c_char
+    {
+        return None;
+    }
+    // SAFETY: a relcache lookup for an open relation.
+    let index = unsafe { crate::compat::primary_key_index(rel) };
+    (index != pg_sys::InvalidOid).then_some(index)
+}
+
+/// # Safety
+/// `rel` is `tsoracle.seq`, open and locked `ROW EXCLUSIVE`.
+unsafe fn locate_and_write(rel: pg_sys::Relation, key: &str, count: u64) -> Option<(i64, u64)> {
+    // SAFETY: rel is open.
+    let index = unsafe { expected_shape(rel) }?;
+    // SAFETY: rel is open and locked; see found_row.
+    let (block, offset, owner) = unsafe { found_row(rel, index, key) }?;
+    // SAFETY: catalog lookups inside the caller's transaction.
+    let may_use = unsafe {
+        let role = pg_sys::GetUserId();
+        owner == pg_sys::InvalidOid
+            || role == owner
+            || pg_sys::superuser_arg(role)
+            || pg_sys::has_privs_of_role(role, owner)
+    };
+    if !may_use {
+        return None; // the worker refuses it, with the owner's name
+    }
+    // SAFETY: block is a block of rel that the index pointed into; pinned until released.
+    let buffer = unsafe { pg_sys::ReadBuffer(rel, block) };
+    // SAFETY: our own pin; exclusive, as GenericXLogRegisterBuffer requires.
+    unsafe { pg_sys::LockBuffer(buffer, pg_sys::BUFFER_LOCK_EXCLUSIVE as c_int) };
+    // SAFETY: rel is open and WAL-logged (permanent, wal_level >= replica: checked by the
+    // caller and expected_shape); the buffer is pinned and locked exclusively.
+    let written = unsafe { advance_buffer(rel, buffer, block, offset, key, count) };
+    // SAFETY: our lock and pin, taken above.
+    unsafe { pg_sys::UnlockReleaseBuffer(buffer) };
+    written
+}
+
+/// The row of `key` through the primary key, with a snapshot taken now (after the table
+/// lock, so every MVCC writer that finished before it is visible): its block, line pointer
+/// and owner (`InvalidOid` for a shared key).
+///
+/// # Safety
+/// `rel` is open and locked; `index` is its primary key.
+unsafe fn found_row(
+    rel: pg_sys::Relation,
+    index: pg_sys::Oid,
+    key: &str,
+) -> Option<(pg_sys::BlockNumber, u16, pg_sys::Oid)> {
+    let len = c_int::try_from(key.len()).ok()?;
+    // SAFETY: all of the following runs inside the caller's transaction on an open,
+    // locked relation; the snapshot is registered for the scan and unregistered after it;
+    // the text datum is palloc'd in the current memory context.
+    unsafe {
+        let text = pg_sys::cstring_to_text_with_len(key.as_ptr().cast(), len);
+        let mut scankey: pg_sys::ScanKeyData = std::mem::zeroed();
+        let collation = (*crate::compat::tuple_desc_attr((*rel).rd_att, 0)).attcollation;
+        pg_sys::ScanKeyEntryInitialize(
+            &mut scankey,
+            0,
+            1,
+            pg_sys::BTEqualStrategyNumber as u16,
+            pg_sys::InvalidOid,
+            collation,
+            pg_sys::Oid::from(pg_sys::F_TEXTEQ),
+            pg_sys::Datum::from(text),
+        );
+        let snapshot = pg_sys::RegisterSnapshot(pg_sys::GetLatestSnapshot());
+        let scan = pg_sys::systable_beginscan(rel, index, true, snapshot, 1, &mut scankey);
+        let tuple = pg_sys::systable_getnext(scan);
+        let found = if tuple.is_null() {
+            None
+        } else {
+            let tid = (*tuple).t_self;
+            let block = (u32::from(tid.ip_blkid.bi_hi) << 16) | u32::from(tid.ip_blkid.bi_lo);
+            let mut isnull = false;
+            let owner = pg_sys::heap_getattr(tuple, 4, (*rel).rd_att, &mut isnull);
+            let owner =
+                if isnull { pg_sys::InvalidOid } else { pg_sys::Oid::from(owner.value() as u32) };
+            Some((block, tid.ip_posid, owner))
+        };
+        pg_sys::systable_endscan(scan);
+        pg_sys::UnregisterSnapshot(snapshot);
+        found
+    }
+}
+
+/// Under the exclusive buffer lock: check the live version, write the advanced counter into
+/// the page through generic WAL; the block's start and the record's end position.
+///
+/// # Safety
+/// `buffer` is a pinned, exclusively locked buffer of `rel`, which is open and WAL-logged.
+unsafe fn advance_buffer(
+    rel: pg_sys::Relation,
+    buffer: pg_sys::Buffer,
+    block: pg_sys::BlockNumber,
+    offset: u16,
+    key: &str,
+    count: u64,
+) -> Option<(i64, u64)> {
+    // wal_consistency_checking compares a replayed page with the primary's image, hint bits
+    // included, which a delta record does not carry: log the whole page then.
+    // SAFETY: the array is allocated for every resource manager once the setting is parsed
+    // (NULL before that).
+    let full_image = unsafe {
+        let checking = pg_sys::wal_consistency_checking;
+        !checking.is_null() && *checking.add(pg_sys::RmgrIds::RM_GENERIC_ID as usize)
+    };
+    let flags = if full_image { pg_sys::GENERIC_XLOG_FULL_IMAGE as c_int } else { 0 };
+    // SAFETY: rel is open; the buffer is locked exclusively, as the generic WAL API requires.
+    // The registered page is a private copy of BLCKSZ bytes until GenericXLogFinish.
+    let (state, page) = unsafe {
+        let state = pg_sys::GenericXLogStart(rel);
+        let page = pg_sys::GenericXLogRegisterBuffer(state, buffer, flags);
+        (state, std::slice::from_raw_parts_mut(page.cast::<u8>(), pg_sys::BLCKSZ as usize))
+    };
+    let planned = counter_tuple(page, block, offset, key.as_bytes()).ok().and_then(|tuple| {
+        // The hint bit is not always set yet: ask the commit log. A version of this very
+        // transaction (a superuser who wrote the table first) is never advanced in place.
+        // SAFETY: xid lookups; the inserter cannot be running (it held SHARE ROW EXCLUSIVE
+        // until it ended) unless it is this transaction.
+        let committed = tuple.xmin_committed
+            || unsafe {
+                !pg_sys::TransactionIdIsCurrentTransactionId(tuple.xmin.into())
+                    && pg_sys::TransactionIdDidCommit(tuple.xmin.into())
+            };
+        let end = block_end(tuple.next, count).ok()?;
+        committed.then_some((tuple, end))
+    });
+    let Some((tuple, end)) = planned else {
+        // SAFETY: abandons the registered copy; the buffer is unchanged.
+        unsafe { pg_sys::GenericXLogAbort(state) };
+        return None;
+    };
+    // SAFETY: a clock read.
+    let now = unsafe { pg_sys::GetCurrentTimestamp() };
+    if !write_counter(page, &tuple, end, now) {
+        // SAFETY: as above.
+        unsafe { pg_sys::GenericXLogAbort(state) };
+        return None;
+    }
+    // SAFETY: finishes the record for the page registered above (copies it into the buffer,
+    // marks it dirty and sets its LSN, inside a critical section).
+    let lsn = unsafe { pg_sys::GenericXLogFinish(state) };
+    if lsn == 0 {
+        // Not logged (cannot happen for a permanent table at wal_level >= replica): refuse
+        // to serve what could not be made durable. The counter moved: nothing is repeated.
+        TsoError::Internal(format!(
+            "the in-place advance of sequence \"{key}\" was not WAL-logged; its block is a gap"
+        ))
+        .report();
+    }
+    Some((tuple.next, lsn))
+}
+
+/// Wait, as a commit with `synchronous_commit = on` would, for synchronous standbys to
+/// acknowledge `lsn`; whatever the caller's own `synchronous_commit` says.
+fn wait_for_synchronous_standbys(lsn: u64, key: &str) -> Result<(), TsoError> {
+    // A cancel that came in before the wait ends the call here, before it can be lost.
+    pgrx::check_for_interrupts!();
+    // The wait's mode comes from the setting's assign hook (syncrep.c's SyncRepWaitMode),
+    // so the setting is changed through the GUC machinery, at a nesting level of its own, as
+    // for a function's SET clause, and put back right after the wait.
+    // SAFETY: set_config_option and AtEOXact_GUC inside the caller's transaction, with
+    // static NUL-terminated strings; synchronous_commit is a USERSET setting, so any caller
+    // may set it. The wait is for this backend's own WAL position, with interrupts held as
+    // for a commit (HOLD_INTERRUPTS): it reads the cancel and terminate flags itself, ends
+    // without an error on either (a WARNING), and that is checked right after.
+    unsafe {
+        let nest = pg_sys::NewGUCNestLevel();
+        pg_sys::set_config_option(
+            c"synchronous_commit".as_ptr(),
+            c"on".as_ptr(),
+            pg_sys::GucContext::PGC_USERSET,
+            pg_sys::GucSource::PGC_S_SESSION,
+            pg_sys::GucAction::GUC_ACTION_SAVE,
+            true,
+            0,
+            false,
+        );
+        pg_sys::InterruptHoldoffCount += 1;
+        pg_sys::SyncRepWaitForLSN(lsn, false);
+        pg_sys::InterruptHoldoffCount -= 1;
+        pg_sys::AtEOXact_GUC(true, nest);
+    }
+    // SAFETY: volatile reads of flags the signal handlers set, and of the acknowledged
+    // flush position in shared memory (WalSndCtl exists whenever a backend runs; an 8-byte
+    // aligned load, never torn; a stale value is lower, which only refuses).
+    let (interrupted, acknowledged) = unsafe {
+        let interrupted = std::ptr::read_volatile(&raw const pg_sys::InterruptPending) != 0
+            || std::ptr::read_volatile(&raw const pg_sys::ProcDiePending) != 0;
+        let ctl = pg_sys::WalSndCtl;
+        let acknowledged = if ctl.is_null() {
+            0
+        } else {
+            std::ptr::read_volatile(&raw const (*ctl).lsn[pg_sys::SYNC_REP_WAIT_FLUSH as usize])
+        };
+        (interrupted, acknowledged)
+    };
+    if may_return_after_sync_wait(lsn, acknowledged, interrupted) {
+        return Ok(());
+    }
+    // A terminate ends the backend here (FATAL); a cancel was consumed by the wait.
+    pgrx::check_for_interrupts!();
+    Err(TsoError::SyncWaitCancelled(format!("the block of sequence \"{key}\" is not returned")))
+}
