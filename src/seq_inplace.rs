@@ -49,8 +49,13 @@ fn in_worker_database() -> bool {
     })
 }
 
-/// `tsoracle.seq`'s OID in this database, if the extension is installed.
+/// The last table found to be the extension's own `tsoracle.seq` (checked once per OID).
+static MEMBER_TABLE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+/// `tsoracle.seq`'s OID in this database, if the extension is installed and the table is a
+/// member of it (in `pg_depend`): never a look-alike made by whoever owns the schema's name.
 pub fn counter_table() -> Option<pg_sys::Oid> {
+    use std::sync::atomic::Ordering;
     // SAFETY: syscache lookups by name inside the caller's transaction (missing_ok); the
     // names are fixed, so no search_path is involved.
     let oid = unsafe {
@@ -60,7 +65,22 @@ pub fn counter_table() -> Option<pg_sys::Oid> {
         }
         pg_sys::get_relname_relid(c"seq".as_ptr(), schema)
     };
-    (oid != pg_sys::InvalidOid).then_some(oid)
+    if oid == pg_sys::InvalidOid {
+        return None;
+    }
+    if MEMBER_TABLE.load(Ordering::Relaxed) == oid.to_u32() {
+        return Some(oid);
+    }
+    // SAFETY: catalog lookups inside the caller's transaction.
+    let member = unsafe {
+        let extension = pg_sys::get_extension_oid(c"tsoracle".as_ptr(), true);
+        extension != pg_sys::InvalidOid
+            && pg_sys::getExtensionOfObject(pg_sys::RelationRelationId, oid) == extension
+    };
+    if member {
+        MEMBER_TABLE.store(oid.to_u32(), Ordering::Relaxed);
+    }
+    member.then_some(oid)
 }
 
 /// Whether synchronous standbys are configured, as the server's commits see it
@@ -177,31 +197,104 @@ unsafe fn expected_shape(rel: pg_sys::Relation) -> Option<pg_sys::Oid> {
     (index != pg_sys::InvalidOid).then_some(index)
 }
 
+/// Where the live row of a key was last found by this backend: a hint, checked again under
+/// the buffer lock like any other candidate (its line pointer must still hold the live
+/// version of this key, with this owner), so that a repeated call skips the index scan.
+struct Located {
+    relid: pg_sys::Oid,
+    relfilenode: pg_sys::Oid,
+    key: String,
+    block: pg_sys::BlockNumber,
+    offset: u16,
+    owner: u32,
+}
+
+thread_local! {
+    static LAST_LOCATED: std::cell::RefCell<Option<Located>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Whether the current role may use a key of `owner` (0: shared), as the worker decides.
+fn may_use(owner: u32) -> bool {
+    // SAFETY: catalog lookups inside the caller's transaction.
+    unsafe {
+        let role = pg_sys::GetUserId();
+        owner == 0
+            || role.to_u32() == owner
+            || pg_sys::superuser_arg(role)
+            || pg_sys::has_privs_of_role(role, pg_sys::Oid::from(owner))
+    }
+}
+
 /// # Safety
 /// `rel` is `tsoracle.seq`, open and locked `ROW EXCLUSIVE`.
 unsafe fn locate_and_write(rel: pg_sys::Relation, key: &str, count: u64) -> Option<(i64, u64)> {
     // SAFETY: rel is open.
     let index = unsafe { expected_shape(rel) }?;
+    // SAFETY: rd_rel is valid for an open relation.
+    let (relid, relfilenode) = unsafe { ((*rel).rd_id, (*(*rel).rd_rel).relfilenode) };
+    let hint = LAST_LOCATED.with_borrow(|l| {
+        l.as_ref()
+            .filter(|l| l.relid == relid && l.relfilenode == relfilenode && l.key == key)
+            .map(|l| (l.block, l.offset, l.owner))
+    });
+    if let Some((block, offset, owner)) = hint {
+        // SAFETY: as below; the block is checked against the relation's size first (no
+        // truncation can run while the table lock is held).
+        let written = unsafe { write_candidate(rel, block, offset, owner, key, count) };
+        if written.is_some() {
+            return written;
+        }
+        LAST_LOCATED.set(None);
+    }
     // SAFETY: rel is open and locked; see found_row.
     let (block, offset, owner) = unsafe { found_row(rel, index, key) }?;
-    // SAFETY: catalog lookups inside the caller's transaction.
-    let may_use = unsafe {
-        let role = pg_sys::GetUserId();
-        owner == pg_sys::InvalidOid
-            || role == owner
-            || pg_sys::superuser_arg(role)
-            || pg_sys::has_privs_of_role(role, owner)
-    };
-    if !may_use {
-        return None; // the worker refuses it, with the owner's name
+    // A role that may not use the key gets None here (write_candidate checks), and the
+    // worker's refusal, with the owner's name.
+    let owner = owner.to_u32();
+    // SAFETY: block is a block of rel that the index pointed into just now.
+    let written = unsafe { write_candidate(rel, block, offset, owner, key, count) };
+    if written.is_some() {
+        LAST_LOCATED.set(Some(Located {
+            relid,
+            relfilenode,
+            key: key.to_string(),
+            block,
+            offset,
+            owner,
+        }));
     }
-    // SAFETY: block is a block of rel that the index pointed into; pinned until released.
+    written
+}
+
+/// Write the block into the candidate line pointer, if it still holds the live version of
+/// `key` with owner `owner` (whose use the caller has checked).
+///
+/// # Safety
+/// `rel` is `tsoracle.seq`, open and locked `ROW EXCLUSIVE`.
+unsafe fn write_candidate(
+    rel: pg_sys::Relation,
+    block: pg_sys::BlockNumber,
+    offset: u16,
+    owner: u32,
+    key: &str,
+    count: u64,
+) -> Option<(i64, u64)> {
+    if !may_use(owner) {
+        return None;
+    }
+    // SAFETY: the relation is open; smgr reports its current size.
+    let blocks =
+        unsafe { pg_sys::RelationGetNumberOfBlocksInFork(rel, pg_sys::ForkNumber::MAIN_FORKNUM) };
+    if block >= blocks {
+        return None;
+    }
+    // SAFETY: block exists in rel; pinned until released below.
     let buffer = unsafe { pg_sys::ReadBuffer(rel, block) };
     // SAFETY: our own pin; exclusive, as GenericXLogRegisterBuffer requires.
     unsafe { pg_sys::LockBuffer(buffer, pg_sys::BUFFER_LOCK_EXCLUSIVE as c_int) };
     // SAFETY: rel is open and WAL-logged (permanent, wal_level >= replica: checked by the
     // caller and expected_shape); the buffer is pinned and locked exclusively.
-    let written = unsafe { advance_buffer(rel, buffer, block, offset, key, count) };
+    let written = unsafe { advance_buffer(rel, buffer, block, offset, owner, key, count) };
     // SAFETY: our lock and pin, taken above.
     unsafe { pg_sys::UnlockReleaseBuffer(buffer) };
     written
@@ -266,6 +359,7 @@ unsafe fn advance_buffer(
     buffer: pg_sys::Buffer,
     block: pg_sys::BlockNumber,
     offset: u16,
+    owner: u32,
     key: &str,
     count: u64,
 ) -> Option<(i64, u64)> {
@@ -296,7 +390,7 @@ unsafe fn advance_buffer(
                     && pg_sys::TransactionIdDidCommit(tuple.xmin.into())
             };
         let end = block_end(tuple.next, count).ok()?;
-        committed.then_some((tuple, end))
+        (committed && tuple.owner == owner).then_some((tuple, end))
     });
     let Some((tuple, end)) = planned else {
         // SAFETY: abandons the registered copy; the buffer is unchanged.
@@ -337,22 +431,29 @@ fn wait_for_synchronous_standbys(lsn: u64, key: &str) -> Result<(), TsoError> {
     // may set it. The wait is for this backend's own WAL position, with interrupts held as
     // for a commit (HOLD_INTERRUPTS): it reads the cancel and terminate flags itself, ends
     // without an error on either (a WARNING), and that is checked right after.
+    // At `on` or `remote_apply` (the default is `on`) the wait's mode is already the flush.
     unsafe {
-        let nest = pg_sys::NewGUCNestLevel();
-        pg_sys::set_config_option(
-            c"synchronous_commit".as_ptr(),
-            c"on".as_ptr(),
-            pg_sys::GucContext::PGC_USERSET,
-            pg_sys::GucSource::PGC_S_SESSION,
-            pg_sys::GucAction::GUC_ACTION_SAVE,
-            true,
-            0,
-            false,
-        );
+        let weaker = pg_sys::synchronous_commit
+            < pg_sys::SyncCommitLevel::SYNCHRONOUS_COMMIT_REMOTE_FLUSH as c_int;
+        let nest = weaker.then(|| pg_sys::NewGUCNestLevel());
+        if weaker {
+            pg_sys::set_config_option(
+                c"synchronous_commit".as_ptr(),
+                c"on".as_ptr(),
+                pg_sys::GucContext::PGC_USERSET,
+                pg_sys::GucSource::PGC_S_SESSION,
+                pg_sys::GucAction::GUC_ACTION_SAVE,
+                true,
+                0,
+                false,
+            );
+        }
         pg_sys::InterruptHoldoffCount += 1;
         pg_sys::SyncRepWaitForLSN(lsn, false);
         pg_sys::InterruptHoldoffCount -= 1;
-        pg_sys::AtEOXact_GUC(true, nest);
+        if let Some(nest) = nest {
+            pg_sys::AtEOXact_GUC(true, nest);
+        }
     }
     // SAFETY: volatile reads of flags the signal handlers set, and of the acknowledged
     // flush position in shared memory (WalSndCtl exists whenever a backend runs; an 8-byte

@@ -69,6 +69,8 @@ pub struct CounterTuple {
     /// false, the caller must ask the commit log, and treat a transaction of its own or one
     /// still running as "not in place".
     pub xmin_committed: bool,
+    /// The `owner` column (a role OID); 0 when NULL (a key shared by every sequence user).
+    pub owner: u32,
 }
 
 fn u16_at(b: &[u8], at: usize) -> Option<u16> {
@@ -161,7 +163,13 @@ pub fn counter_tuple(
     if next < 0 {
         return Err(NotInPlace::Negative);
     }
-    Ok(CounterTuple { next_at: lp_off + hoff + next_in_data, next, xmin, xmin_committed })
+    // owner (regrole, 4-byte aligned) follows updated_at; NULL, or a tuple from before the
+    // column existed, is the shared owner 0.
+    let owner_null = infomask2 & HEAP_NATTS_MASK < 4
+        || (infomask & HEAP_HASNULL != 0 && tuple[TUPLE_HEADER_SIZE] & 0b1000 == 0);
+    let owner =
+        if owner_null { 0 } else { u32_at(data, next_in_data + 16).ok_or(NotInPlace::Shape)? };
+    Ok(CounterTuple { next_at: lp_off + hoff + next_in_data, next, xmin, xmin_committed, owner })
 }
 
 /// Write the advanced counter (`next`) and its `updated_at` into the page at `tuple.next_at`.
@@ -242,6 +250,7 @@ mod tests {
             let page = page_with(&key, next, LIVE, owner_null, offset);
             let found = counter_tuple(&page, 3, offset, &key).unwrap();
             prop_assert_eq!(found.next, next);
+            prop_assert_eq!(found.owner, if owner_null { 0 } else { 16384 });
             prop_assert!(found.xmin_committed);
             prop_assert_eq!(found.xmin, 1234);
             let mut written = page.clone();

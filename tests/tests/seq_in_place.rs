@@ -78,7 +78,8 @@ fn wait_sync_rep_wait(c: &mut Client, pid: i32) {
 /// An existing key is advanced in place: 200 calls, consecutive blocks, and the worker's
 /// group-commit counter does not move. A new key, a session with `tsoracle.seq_in_place = off`
 /// and a role that may not use the key all go to the worker (the last one refused, 42501,
-/// with nothing advanced).
+/// with nothing advanced), also once the key was dropped and made again by another role
+/// (a backend's hint of where the row was is checked again, owner included).
 #[test]
 fn existing_keys_advance_in_place_and_the_rest_goes_to_the_worker() {
     let node = serving_node("inplace-basic", NodeOpts::new());
@@ -118,6 +119,16 @@ fn existing_keys_advance_in_place_and_the_rest_goes_to_the_worker() {
     assert_eq!(counter(&mut su, "owned"), Some(10), "the refused call advanced nothing");
     assert_eq!(seq_ok(&mut su, "owned", 1), 10, "a superuser may use it");
     assert_eq!(seq_ok(&mut su, "orders", 1), expected);
+
+    // The key dropped, its line pointer freed and the key made again by another role: the
+    // first owner's backend, which found the row before, may not use the new one.
+    su.batch_execute("SELECT tso_seq_drop('owned')").unwrap();
+    su.batch_execute("VACUUM tsoracle.seq").unwrap();
+    assert_eq!(seq_ok(&mut other, "owned", 2), 0, "made again by inplace_other");
+    let e = seq(&mut owner, "owned", 1).expect_err("the old owner may not use the new key");
+    assert_eq!(sqlstate_of(&e), "42501", "{}", pg_error_string(&e));
+    assert_eq!(seq_ok(&mut other, "owned", 1), 2, "its owner advances it in place");
+    assert_eq!(counter(&mut su, "owned"), Some(3));
 }
 
 // ------------------------------------------------------------------------------------ 2
