@@ -23,8 +23,9 @@
 //! Anything unusual goes to the worker instead ([`try_advance`] returns `None`): another
 //! database, a key that does not exist yet, a role that may not use the key (the worker
 //! reports it), configured synchronous standbys (the worker's wait for them is bounded),
-//! strict mode, `wal_level = minimal`, a table whose shape is not the one this code reads, a
-//! row version that is not plainly live.
+//! strict mode, `wal_level = minimal`, extension SQL older than 0.3.0 (no `lock_counters`
+//! trigger yet), a table whose shape is not the one this code reads, a row version that is
+//! not plainly live.
 
 use crate::error::TsoError;
 use crate::guc;
@@ -103,6 +104,29 @@ fn synchronous_standbys_configured() -> bool {
         || u32::from(status) & pg_sys::SYNC_STANDBY_DEFINED != 0
 }
 
+/// The last counter table found to carry the trigger `lock_counters` (checked once per OID).
+static PROTECTED_TABLE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+/// Whether every MVCC writer of table `relid` other than the worker takes the lock protocol's
+/// `SHARE ROW EXCLUSIVE`: the trigger `tsoracle.lock_counters` exists (SQL 0.3.0). While the
+/// extension's SQL is older (this library serves a database not yet `ALTER EXTENSION …
+/// UPDATE`d), a restore or a superuser's statement could copy a counter that an in-place
+/// writer then moves, so every call goes to the worker.
+fn lock_protocol_installed(relid: pg_sys::Oid) -> bool {
+    use std::sync::atomic::Ordering;
+    if PROTECTED_TABLE.load(Ordering::Relaxed) == relid.to_u32() {
+        return true;
+    }
+    // SAFETY: a catalog lookup by relation and name inside the caller's transaction.
+    let installed = unsafe {
+        pg_sys::get_trigger_oid(relid, c"lock_counters".as_ptr(), true) != pg_sys::InvalidOid
+    };
+    if installed {
+        PROTECTED_TABLE.store(relid.to_u32(), Ordering::Relaxed);
+    }
+    installed
+}
+
 /// Advance `key` by `count` in place, if this call may; `Ok(None)` sends it to the worker.
 pub fn try_advance(key: &str, count: u64) -> Result<Option<i64>, TsoError> {
     // SAFETY: a process-local global set from the server's configuration.
@@ -115,7 +139,7 @@ pub fn try_advance(key: &str, count: u64) -> Result<Option<i64>, TsoError> {
     {
         return Ok(None);
     }
-    let Some(relid) = counter_table() else {
+    let Some(relid) = counter_table().filter(|&relid| lock_protocol_installed(relid)) else {
         return Ok(None);
     };
     // SAFETY: inside the caller's transaction; the lock is released below, or by the
@@ -204,6 +228,12 @@ struct Located {
     relid: pg_sys::Oid,
     relfilenode: pg_sys::Oid,
     key: String,
+    row: Candidate,
+}
+
+/// A line pointer that may hold the live row of a key, and the owner it was found with.
+#[derive(Clone, Copy)]
+struct Candidate {
     block: pg_sys::BlockNumber,
     offset: u16,
     owner: u32,
@@ -235,12 +265,12 @@ unsafe fn locate_and_write(rel: pg_sys::Relation, key: &str, count: u64) -> Opti
     let hint = LAST_LOCATED.with_borrow(|l| {
         l.as_ref()
             .filter(|l| l.relid == relid && l.relfilenode == relfilenode && l.key == key)
-            .map(|l| (l.block, l.offset, l.owner))
+            .map(|l| l.row)
     });
-    if let Some((block, offset, owner)) = hint {
+    if let Some(row) = hint {
         // SAFETY: as below; the block is checked against the relation's size first (no
         // truncation can run while the table lock is held).
-        let written = unsafe { write_candidate(rel, block, offset, owner, key, count) };
+        let written = unsafe { write_candidate(rel, row, key, count) };
         if written.is_some() {
             return written;
         }
@@ -250,18 +280,11 @@ unsafe fn locate_and_write(rel: pg_sys::Relation, key: &str, count: u64) -> Opti
     let (block, offset, owner) = unsafe { found_row(rel, index, key) }?;
     // A role that may not use the key gets None here (write_candidate checks), and the
     // worker's refusal, with the owner's name.
-    let owner = owner.to_u32();
+    let row = Candidate { block, offset, owner: owner.to_u32() };
     // SAFETY: block is a block of rel that the index pointed into just now.
-    let written = unsafe { write_candidate(rel, block, offset, owner, key, count) };
+    let written = unsafe { write_candidate(rel, row, key, count) };
     if written.is_some() {
-        LAST_LOCATED.set(Some(Located {
-            relid,
-            relfilenode,
-            key: key.to_string(),
-            block,
-            offset,
-            owner,
-        }));
+        LAST_LOCATED.set(Some(Located { relid, relfilenode, key: key.to_string(), row }));
     }
     written
 }
@@ -273,28 +296,26 @@ unsafe fn locate_and_write(rel: pg_sys::Relation, key: &str, count: u64) -> Opti
 /// `rel` is `tsoracle.seq`, open and locked `ROW EXCLUSIVE`.
 unsafe fn write_candidate(
     rel: pg_sys::Relation,
-    block: pg_sys::BlockNumber,
-    offset: u16,
-    owner: u32,
+    row: Candidate,
     key: &str,
     count: u64,
 ) -> Option<(i64, u64)> {
-    if !may_use(owner) {
+    if !may_use(row.owner) {
         return None;
     }
     // SAFETY: the relation is open; smgr reports its current size.
     let blocks =
         unsafe { pg_sys::RelationGetNumberOfBlocksInFork(rel, pg_sys::ForkNumber::MAIN_FORKNUM) };
-    if block >= blocks {
+    if row.block >= blocks {
         return None;
     }
-    // SAFETY: block exists in rel; pinned until released below.
-    let buffer = unsafe { pg_sys::ReadBuffer(rel, block) };
+    // SAFETY: the block exists in rel; pinned until released below.
+    let buffer = unsafe { pg_sys::ReadBuffer(rel, row.block) };
     // SAFETY: our own pin; exclusive, as GenericXLogRegisterBuffer requires.
     unsafe { pg_sys::LockBuffer(buffer, pg_sys::BUFFER_LOCK_EXCLUSIVE as c_int) };
     // SAFETY: rel is open and WAL-logged (permanent, wal_level >= replica: checked by the
     // caller and expected_shape); the buffer is pinned and locked exclusively.
-    let written = unsafe { advance_buffer(rel, buffer, block, offset, owner, key, count) };
+    let written = unsafe { advance_buffer(rel, buffer, row, key, count) };
     // SAFETY: our lock and pin, taken above.
     unsafe { pg_sys::UnlockReleaseBuffer(buffer) };
     written
@@ -357,9 +378,7 @@ unsafe fn found_row(
 unsafe fn advance_buffer(
     rel: pg_sys::Relation,
     buffer: pg_sys::Buffer,
-    block: pg_sys::BlockNumber,
-    offset: u16,
-    owner: u32,
+    row: Candidate,
     key: &str,
     count: u64,
 ) -> Option<(i64, u64)> {
@@ -379,19 +398,20 @@ unsafe fn advance_buffer(
         let page = pg_sys::GenericXLogRegisterBuffer(state, buffer, flags);
         (state, std::slice::from_raw_parts_mut(page.cast::<u8>(), pg_sys::BLCKSZ as usize))
     };
-    let planned = counter_tuple(page, block, offset, key.as_bytes()).ok().and_then(|tuple| {
-        // The hint bit is not always set yet: ask the commit log. A version of this very
-        // transaction (a superuser who wrote the table first) is never advanced in place.
-        // SAFETY: xid lookups; the inserter cannot be running (it held SHARE ROW EXCLUSIVE
-        // until it ended) unless it is this transaction.
-        let committed = tuple.xmin_committed
-            || unsafe {
-                !pg_sys::TransactionIdIsCurrentTransactionId(tuple.xmin.into())
-                    && pg_sys::TransactionIdDidCommit(tuple.xmin.into())
-            };
-        let end = block_end(tuple.next, count).ok()?;
-        (committed && tuple.owner == owner).then_some((tuple, end))
-    });
+    let planned =
+        counter_tuple(page, row.block, row.offset, key.as_bytes()).ok().and_then(|tuple| {
+            // The hint bit is not always set yet: ask the commit log. A version of this very
+            // transaction (a superuser who wrote the table first) is never advanced in place.
+            // SAFETY: xid lookups; the inserter cannot be running (it held SHARE ROW EXCLUSIVE
+            // until it ended) unless it is this transaction.
+            let committed = tuple.xmin_committed
+                || unsafe {
+                    !pg_sys::TransactionIdIsCurrentTransactionId(tuple.xmin.into())
+                        && pg_sys::TransactionIdDidCommit(tuple.xmin.into())
+                };
+            let end = block_end(tuple.next, count).ok()?;
+            (committed && tuple.owner == row.owner).then_some((tuple, end))
+        });
     let Some((tuple, end)) = planned else {
         // SAFETY: abandons the registered copy; the buffer is unchanged.
         unsafe { pg_sys::GenericXLogAbort(state) };

@@ -416,3 +416,28 @@ fn self_cancelled_calls_never_return_a_block_twice() {
     let log = node.log_contents();
     assert!(!log.contains("terminated by signal"), "a process crashed:\n{}", node.log_tail(40));
 }
+
+// ------------------------------------------------------------------------------------ 6
+
+/// Over the SQL of 0.2.0 (this library serving a database not yet updated) the table has no
+/// `lock_counters` trigger, so a restore or a superuser's statement would not keep in-place
+/// writers out: every call goes to the worker, which refuses to serve over an outdated schema
+/// (57P03), and nothing moves. After `ALTER EXTENSION tsoracle UPDATE`, calls advance in place.
+#[test]
+fn over_older_extension_sql_every_call_goes_to_the_worker() {
+    let node = Node::start_new("inplace-old-sql", NodeOpts::new()).expect("start");
+    let mut c = node.connect();
+    c.batch_execute("CREATE EXTENSION tsoracle VERSION '0.2.0'").unwrap();
+    c.batch_execute("INSERT INTO tsoracle.seq (key, next) VALUES ('old', 5)").unwrap();
+    let e = seq(&mut c, "old", 1).expect_err("no in-place advance over the 0.2.0 schema");
+    assert_eq!(sqlstate_of(&e), "57P03", "{}", pg_error_string(&e));
+    assert_eq!(counter(&mut c, "old"), Some(5), "nothing moved");
+
+    c.batch_execute("ALTER EXTENSION tsoracle UPDATE").unwrap();
+    node.wait_serving().expect("serving after the update");
+    let mut c = node.connect();
+    assert_eq!(seq_ok(&mut c, "old", 1), 5);
+    let commits = group_commits(&mut c);
+    assert_eq!(seq_ok(&mut c, "old", 1), 6);
+    assert_eq!(group_commits(&mut c), commits, "in place once the SQL is 0.3.0's");
+}
