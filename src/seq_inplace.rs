@@ -31,6 +31,7 @@ use crate::error::TsoError;
 use crate::guc;
 use pgrx::pg_sys;
 use std::ffi::c_int;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::OnceLock;
 use tsoracle_core::counter_page::{counter_tuple, write_counter};
 use tsoracle_core::seq::{block_end, may_return_after_sync_wait};
@@ -50,13 +51,25 @@ fn in_worker_database() -> bool {
     })
 }
 
-/// The last table found to be the extension's own `tsoracle.seq` (checked once per OID).
-static MEMBER_TABLE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+/// `check()` for table `oid`, remembered in `cache` once it held: a table's OID changes only
+/// when it is made again (`DROP` / `CREATE EXTENSION`), and a new OID is checked again.
+fn once_per_table(cache: &AtomicU32, oid: pg_sys::Oid, check: impl FnOnce() -> bool) -> bool {
+    if cache.load(Ordering::Relaxed) == oid.to_u32() {
+        return true;
+    }
+    let held = check();
+    if held {
+        cache.store(oid.to_u32(), Ordering::Relaxed);
+    }
+    held
+}
+
+/// The last table found to be the extension's own `tsoracle.seq`.
+static MEMBER_TABLE: AtomicU32 = AtomicU32::new(0);
 
 /// `tsoracle.seq`'s OID in this database, if the extension is installed and the table is a
 /// member of it (in `pg_depend`): never a look-alike made by whoever owns the schema's name.
 pub fn counter_table() -> Option<pg_sys::Oid> {
-    use std::sync::atomic::Ordering;
     // SAFETY: syscache lookups by name inside the caller's transaction (missing_ok); the
     // names are fixed, so no search_path is involved.
     let oid = unsafe {
@@ -66,21 +79,15 @@ pub fn counter_table() -> Option<pg_sys::Oid> {
         }
         pg_sys::get_relname_relid(c"seq".as_ptr(), schema)
     };
-    if oid == pg_sys::InvalidOid {
-        return None;
-    }
-    if MEMBER_TABLE.load(Ordering::Relaxed) == oid.to_u32() {
-        return Some(oid);
-    }
-    // SAFETY: catalog lookups inside the caller's transaction.
-    let member = unsafe {
-        let extension = pg_sys::get_extension_oid(c"tsoracle".as_ptr(), true);
-        extension != pg_sys::InvalidOid
-            && pg_sys::getExtensionOfObject(pg_sys::RelationRelationId, oid) == extension
-    };
-    if member {
-        MEMBER_TABLE.store(oid.to_u32(), Ordering::Relaxed);
-    }
+    let member = oid != pg_sys::InvalidOid
+        && once_per_table(&MEMBER_TABLE, oid, || {
+            // SAFETY: catalog lookups inside the caller's transaction.
+            unsafe {
+                let extension = pg_sys::get_extension_oid(c"tsoracle".as_ptr(), true);
+                extension != pg_sys::InvalidOid
+                    && pg_sys::getExtensionOfObject(pg_sys::RelationRelationId, oid) == extension
+            }
+        });
     member.then_some(oid)
 }
 
@@ -104,8 +111,8 @@ fn synchronous_standbys_configured() -> bool {
         || u32::from(status) & pg_sys::SYNC_STANDBY_DEFINED != 0
 }
 
-/// The last counter table found to carry the trigger `lock_counters` (checked once per OID).
-static PROTECTED_TABLE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+/// The last counter table found to carry the trigger `lock_counters`.
+static PROTECTED_TABLE: AtomicU32 = AtomicU32::new(0);
 
 /// Whether every MVCC writer of table `relid` other than the worker takes the lock protocol's
 /// `SHARE ROW EXCLUSIVE`: the trigger `tsoracle.lock_counters` exists (SQL 0.3.0). While the
@@ -113,18 +120,12 @@ static PROTECTED_TABLE: std::sync::atomic::AtomicU32 = std::sync::atomic::Atomic
 /// UPDATE`d), a restore or a superuser's statement could copy a counter that an in-place
 /// writer then moves, so every call goes to the worker.
 fn lock_protocol_installed(relid: pg_sys::Oid) -> bool {
-    use std::sync::atomic::Ordering;
-    if PROTECTED_TABLE.load(Ordering::Relaxed) == relid.to_u32() {
-        return true;
-    }
-    // SAFETY: a catalog lookup by relation and name inside the caller's transaction.
-    let installed = unsafe {
-        pg_sys::get_trigger_oid(relid, c"lock_counters".as_ptr(), true) != pg_sys::InvalidOid
-    };
-    if installed {
-        PROTECTED_TABLE.store(relid.to_u32(), Ordering::Relaxed);
-    }
-    installed
+    once_per_table(&PROTECTED_TABLE, relid, || {
+        // SAFETY: a catalog lookup by relation and name inside the caller's transaction.
+        unsafe {
+            pg_sys::get_trigger_oid(relid, c"lock_counters".as_ptr(), true) != pg_sys::InvalidOid
+        }
+    })
 }
 
 /// Advance `key` by `count` in place, if this call may; `Ok(None)` sends it to the worker.
@@ -277,11 +278,10 @@ unsafe fn locate_and_write(rel: pg_sys::Relation, key: &str, count: u64) -> Opti
         LAST_LOCATED.set(None);
     }
     // SAFETY: rel is open and locked; see found_row.
-    let (block, offset, owner) = unsafe { found_row(rel, index, key) }?;
+    let row = unsafe { found_row(rel, index, key) }?;
     // A role that may not use the key gets None here (write_candidate checks), and the
     // worker's refusal, with the owner's name.
-    let row = Candidate { block, offset, owner: owner.to_u32() };
-    // SAFETY: block is a block of rel that the index pointed into just now.
+    // SAFETY: row.block is a block of rel that the index pointed into just now.
     let written = unsafe { write_candidate(rel, row, key, count) };
     if written.is_some() {
         LAST_LOCATED.set(Some(Located { relid, relfilenode, key: key.to_string(), row }));
@@ -323,15 +323,11 @@ unsafe fn write_candidate(
 
 /// The row of `key` through the primary key, with a snapshot taken now (after the table
 /// lock, so every MVCC writer that finished before it is visible): its block, line pointer
-/// and owner (`InvalidOid` for a shared key).
+/// and owner (0 for a shared key).
 ///
 /// # Safety
 /// `rel` is open and locked; `index` is its primary key.
-unsafe fn found_row(
-    rel: pg_sys::Relation,
-    index: pg_sys::Oid,
-    key: &str,
-) -> Option<(pg_sys::BlockNumber, u16, pg_sys::Oid)> {
+unsafe fn found_row(rel: pg_sys::Relation, index: pg_sys::Oid, key: &str) -> Option<Candidate> {
     let len = c_int::try_from(key.len()).ok()?;
     // SAFETY: all of the following runs inside the caller's transaction on an open,
     // locked relation; the snapshot is registered for the scan and unregistered after it;
@@ -360,9 +356,8 @@ unsafe fn found_row(
             let block = (u32::from(tid.ip_blkid.bi_hi) << 16) | u32::from(tid.ip_blkid.bi_lo);
             let mut isnull = false;
             let owner = pg_sys::heap_getattr(tuple, 4, (*rel).rd_att, &mut isnull);
-            let owner =
-                if isnull { pg_sys::InvalidOid } else { pg_sys::Oid::from(owner.value() as u32) };
-            Some((block, tid.ip_posid, owner))
+            let owner = if isnull { 0 } else { owner.value() as u32 };
+            Some(Candidate { block, offset: tid.ip_posid, owner })
         };
         pg_sys::systable_endscan(scan);
         pg_sys::UnregisterSnapshot(snapshot);
@@ -398,6 +393,8 @@ unsafe fn advance_buffer(
         let page = pg_sys::GenericXLogRegisterBuffer(state, buffer, flags);
         (state, std::slice::from_raw_parts_mut(page.cast::<u8>(), pg_sys::BLCKSZ as usize))
     };
+    // SAFETY: a clock read.
+    let now = unsafe { pg_sys::GetCurrentTimestamp() };
     let planned =
         counter_tuple(page, row.block, row.offset, key.as_bytes()).ok().and_then(|tuple| {
             // The hint bit is not always set yet: ask the commit log. A version of this very
@@ -412,18 +409,12 @@ unsafe fn advance_buffer(
             let end = block_end(tuple.next, count).ok()?;
             (committed && tuple.owner == row.owner).then_some((tuple, end))
         });
-    let Some((tuple, end)) = planned else {
+    let Some((tuple, _)) = planned.filter(|(tuple, end)| write_counter(page, tuple, *end, now))
+    else {
         // SAFETY: abandons the registered copy; the buffer is unchanged.
         unsafe { pg_sys::GenericXLogAbort(state) };
         return None;
     };
-    // SAFETY: a clock read.
-    let now = unsafe { pg_sys::GetCurrentTimestamp() };
-    if !write_counter(page, &tuple, end, now) {
-        // SAFETY: as above.
-        unsafe { pg_sys::GenericXLogAbort(state) };
-        return None;
-    }
     // SAFETY: finishes the record for the page registered above (copies it into the buffer,
     // marks it dirty and sets its LSN, inside a critical section).
     let lsn = unsafe { pg_sys::GenericXLogFinish(state) };

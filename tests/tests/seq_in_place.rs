@@ -50,6 +50,27 @@ fn backend_pid(c: &mut Client) -> i32 {
     c.query_one("SELECT pg_backend_pid()", &[]).unwrap().get(0)
 }
 
+/// A serving primary (extension created) and a started hot standby base-backed-up from it,
+/// asynchronous until the test makes it synchronous.
+fn primary_and_standby(name: &str, opts: NodeOpts) -> (Node, Node) {
+    let primary = Node::start_new(&format!("{name}-p"), opts).expect("start primary");
+    primary.create_extension().expect("CREATE EXTENSION");
+    let mut standby =
+        Node::base_backup_from(&primary, &format!("{name}-s")).expect("pg_basebackup");
+    standby.start().expect("start standby");
+    (primary, standby)
+}
+
+/// `tso_seq(key, count)` served in place: its start, with the worker's group-commit counter
+/// unmoved.
+#[track_caller]
+fn seq_in_place(c: &mut Client, key: &str, count: i32, what: &str) -> i64 {
+    let commits = group_commits(c);
+    let start = seq_ok(c, key, count);
+    assert_eq!(group_commits(c), commits, "{what}: the worker served the call");
+    start
+}
+
 /// Wait (bounded) until backend `pid` waits for synchronous replication.
 #[track_caller]
 fn wait_sync_rep_wait(c: &mut Client, pid: i32) {
@@ -270,19 +291,14 @@ fn kill9_between_the_wal_insert_and_its_flush() {
 /// standby continues the counter it replayed.
 #[test]
 fn standbys_replay_the_counter_and_synchronous_ones_route_to_the_worker() {
-    let mut primary = Node::start_new(
-        "inplace-repl-p",
+    let (mut primary, mut standby) = primary_and_standby(
+        "inplace-repl",
         NodeOpts::new().setting("tsoracle.extension_timeout_ms", 2000),
-    )
-    .expect("start primary");
-    primary.create_extension().expect("CREATE EXTENSION");
-    let mut standby = Node::base_backup_from(&primary, "inplace-repl-s").expect("pg_basebackup");
-    standby.start().expect("start standby");
+    );
     let mut su = primary.connect();
     assert_eq!(seq_ok(&mut su, "r", 10), 0);
     let commits = group_commits(&mut su);
-    assert_eq!(seq_ok(&mut su, "r", 10), 10);
-    assert_eq!(group_commits(&mut su), commits, "asynchronous standby: in place");
+    assert_eq!(seq_in_place(&mut su, "r", 10, "asynchronous standby"), 10);
     let lsn = wait_replayed(&primary, &standby).expect("standby replay");
     assert_eq!(counter(&mut standby.connect(), "r"), Some(20), "replayed at {lsn}");
 
@@ -325,14 +341,10 @@ fn standbys_replay_the_counter_and_synchronous_ones_route_to_the_worker() {
 /// gaps, never granted again; no process crashed.
 #[test]
 fn the_in_place_wait_for_a_gone_standby_never_returns_a_cancelled_block() {
-    let mut primary = Node::start_new(
-        "inplace-sync-p",
+    let (mut primary, mut standby) = primary_and_standby(
+        "inplace-sync",
         NodeOpts::new().setting("tsoracle.test_seq_in_place_under_sync", "on"),
-    )
-    .expect("start primary");
-    primary.create_extension().expect("CREATE EXTENSION");
-    let mut standby = Node::base_backup_from(&primary, "inplace-sync-s").expect("pg_basebackup");
-    standby.start().expect("start standby");
+    );
     make_sync(&mut primary, standby.name()).expect("synchronous standby");
     let pm = primary.postmaster_pid();
     let mut su = primary.connect();
@@ -437,7 +449,5 @@ fn over_older_extension_sql_every_call_goes_to_the_worker() {
     node.wait_serving().expect("serving after the update");
     let mut c = node.connect();
     assert_eq!(seq_ok(&mut c, "old", 1), 5);
-    let commits = group_commits(&mut c);
-    assert_eq!(seq_ok(&mut c, "old", 1), 6);
-    assert_eq!(group_commits(&mut c), commits, "in place once the SQL is 0.3.0's");
+    assert_eq!(seq_in_place(&mut c, "old", 1, "the SQL of 0.3.0"), 6);
 }
