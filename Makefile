@@ -30,7 +30,7 @@ TEST_FEATURES ?= clock-fault
 test_pg = TSORACLE_FEATURES=$(TEST_FEATURES) scripts/test-pg.sh $(2) $(1) $(TEST_PG_ROOT)/pg$(1) $(TEST_PGRX_HOME)/pg$(1)
 
 .PHONY: run stop test test-core test-pg test-integration test-upgrade test-install test-package \
-	test-snapshot test-untouched test-deps test-docs install deps build-deps \
+	test-snapshot test-untouched test-deps test-docs test-layers install deps build-deps \
 	bench clean fmt lint package
 
 ## Build, install, start a local cluster with tsoracle preloaded, and show it working.
@@ -44,8 +44,8 @@ stop:
 ## integration tests on every supported major, pg_upgrade, the Debian package.
 ## Before and after, scripts/untouched.sh checks that the tests wrote nothing into the
 ## installations servers run from and left `make run`'s demo servers running.
-test: test-snapshot deps test-deps test-docs lint test-core test-pg test-integration test-upgrade \
-	test-install test-package test-untouched
+test: test-snapshot deps test-deps test-docs test-layers lint test-core test-pg test-integration \
+	test-upgrade test-install test-package test-untouched
 
 test-snapshot:
 	mkdir -p target && scripts/untouched.sh snapshot target/untouched.before
@@ -69,6 +69,12 @@ test-deps:
 # Every path the manual and the design pages name exists; every relative link and anchor resolves.
 test-docs:
 	python3 scripts/test-doc-paths.py
+
+# src/ in layers (src/lib.rs): no import circle, every edge pointing down; the check itself first
+# proves that it finds a circle and a layer violation.
+test-layers:
+	python3 scripts/check-layers.py --self-test
+	python3 scripts/check-layers.py
 
 # Built as a package, then renamed into place file by file: safe under a running server.
 install: build-deps

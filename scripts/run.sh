@@ -49,6 +49,31 @@ SELECT ts, tso_physical(ts) AS physical_ms, tso_logical(ts) AS logical, tso_to_t
   FROM (SELECT tso_next() AS ts FROM generate_series(1, 5)) t;
 \echo '==> a batch of 1000 consecutive timestamps starts at:'
 SELECT tso_next_batch(1000) AS first;
+\echo '==> a UUIDv7 made of the next timestamp, and that timestamp back:'
+SELECT id, tso_from_uuid(id) AS ts, tso_to_timestamptz(tso_from_uuid(id)) AS at
+  FROM (SELECT tso_next_uuid() AS id) t;
+\set QUIET on
+SET client_min_messages = warning;
+CREATE TABLE IF NOT EXISTS demo_outbox (ts bigint PRIMARY KEY DEFAULT tso_next(), payload text);
+TRUNCATE demo_outbox;
+INSERT INTO demo_outbox (payload) VALUES ('order 1 placed'), ('order 2 placed'), ('order 1 paid');
+\set QUIET off
+\echo '==> an outbox stamped with DEFAULT tso_next() (3 rows), read in order by a consumer'
+\echo '    that moves its cursor :last to tso_resolved() (:last starts at 0):'
+\echo '      SELECT tso_resolved() AS r \\gset'
+\echo '      SELECT ts, payload FROM demo_outbox WHERE ts > :last AND ts <= :r ORDER BY ts;'
+\echo '      \\set last :r'
+\set last 0
+SELECT tso_resolved() AS r \gset
+SELECT ts, payload FROM demo_outbox WHERE ts > :last AND ts <= :r ORDER BY ts;
+\set last :r
+\echo '==> one more row, and the same three lines again: the consumer reads only the new row:'
+\set QUIET on
+INSERT INTO demo_outbox (payload) VALUES ('order 1 shipped');
+\set QUIET off
+SELECT tso_resolved() AS r \gset
+SELECT ts, payload FROM demo_outbox WHERE ts > :last AND ts <= :r ORDER BY ts;
+\set last :r
 \echo '==> a durable gapless block of 100 from counter demo_orders:'
 SELECT tso_seq('demo_orders', 100) AS start, tso_seq_peek('demo_orders') AS next_start;
 \echo '==> the safe frontier (no leases: the committed high-water):'

@@ -1,34 +1,33 @@
 //! tsoracle: strictly increasing timestamps and durable sequences from SQL.
 //!
-//! Layout: the pure algorithm is the `tsoracle-core` crate; here are the PostgreSQL parts:
-//! `shmem` (shared state: allocator bookkeeping, the lock-free window, the request queue),
-//! `worker` (the only writer of durable state), `oracle` (the caller's side: take from the
-//! window, queue requests, wait), the SQL surface in `timestamps` (timestamps, seed), `status`,
-//! `seq` (counters) and `lease` (leases and the safe frontier), `restore` (merging restored
-//! rows), `guc`, `error`, `replica` (standbys, synchronous replication) and `clock`.
+//! The pure algorithm is the `tsoracle-core` crate; here are the PostgreSQL parts, in five
+//! layers whose dependencies point one way (`scripts/check-layers.py`, run by `make test`,
+//! fails on any other edge and on an import circle):
+//!
+//! ```text
+//!   sql      the SQL surface: thin functions, argument checks, error mapping
+//!    |
+//!   caller   what a backend does inside a call: take from the window, queue requests, wait,
+//!    |       hold the resolved timestamp, advance a counter in place, the drop guard
+//!    v
+//!   shmem    shared memory: the window, the oracle's state, the request queue, lease
+//!    ^       bounds, holder slots
+//!    |
+//!   worker   the background worker, the only writer of the durable tables
+//!
+//!   pg       PostgreSQL glue, under all of them: settings, clocks, compatibility between
+//!            majors, errors, catalog lookups, replication helpers
+//! ```
+//!
+//! Each folder's `mod.rs` says what it owns and what it may use.
 
 use pgrx::prelude::*;
 
-mod clock;
-mod compat;
-mod error;
-mod guard;
-mod guc;
-mod lease;
-mod oracle;
-mod replica;
-mod resolved;
-mod restore;
-mod seq;
-mod seq_inplace;
+mod caller;
+mod pg;
 mod shmem;
-mod status;
-mod timestamps;
-mod uuid;
+mod sql;
 mod worker;
-
-#[cfg(any(test, feature = "pg_test"))]
-mod testing;
 
 ::pgrx::pg_module_magic!(name, version);
 
@@ -40,9 +39,9 @@ pub extern "C-unwind" fn _PG_init() {
     // SAFETY: a read of a process-local global that PostgreSQL sets only around loading the
     // preload libraries, on this same (only) thread.
     if unsafe { pg_sys::process_shared_preload_libraries_in_progress } {
-        guc::define();
+        pg::guc::define();
         shmem::init();
-        guard::init();
+        caller::guard::init();
         // No worker while pg_upgrade runs the server (`postgres -b`): the tables it would
         // write are being restored, and their files are replaced by the old cluster's
         // afterwards. The upgraded cluster's first real start fences from those files.

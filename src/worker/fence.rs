@@ -1,8 +1,9 @@
 //! The failover fence: nothing is served until a bound above every earlier one is durable.
 
-use super::{refuse, Worker};
-use crate::clock::{self, now_ms};
-use crate::guc;
+use super::leases::purge_horizon;
+use super::state::{log_clock_step, refuse, strict_mode_refusal, Worker};
+use crate::pg::clock::{self, now_ms};
+use crate::pg::guc;
 use crate::shmem::{Phase, ORACLE};
 use pgrx::bgworkers::BackgroundWorker;
 use pgrx::prelude::*;
@@ -15,7 +16,7 @@ impl Worker {
     /// synchronous standby is connected. False on shutdown.
     fn wait_for_synchronous_standby(&self) -> bool {
         loop {
-            let Some(why) = BackgroundWorker::transaction(super::strict_mode_refusal) else {
+            let Some(why) = BackgroundWorker::transaction(strict_mode_refusal) else {
                 ORACLE.exclusive().set_refusal("");
                 return true;
             };
@@ -73,7 +74,7 @@ impl Worker {
             let prior = prior.unwrap_or(0).max(0) as u64;
             // A row written on an older timeline: this server was promoted since.
             let promoted = prior_epoch.is_some_and(|e| e < i64::from(timeline));
-            crate::replica::warn_if_unprotected();
+            crate::pg::replica::warn_if_unprotected();
             let now = now_ms();
             let Ok(floor_ms) = fence::floor_ms(prior, remembered_ms, now, min_floor_ms) else {
                 return Err(format!(
@@ -106,7 +107,7 @@ impl Worker {
             }
         };
         // Committed (and flushed, and replicated where synchronous standbys are required).
-        crate::replica::confirm_replicated();
+        crate::pg::replica::confirm_replicated();
         self.signals.confirm_until(commit_started, guc::window_ahead_ms());
         self.leases = leases;
         self.note_lease_deadlines(None, commit_started);
@@ -141,7 +142,7 @@ impl Worker {
             self.signals.first_grant_ms.store(0, std::sync::atomic::Ordering::Relaxed);
             step
         };
-        super::log_clock_step(step);
+        log_clock_step(step);
         self.signals.broadcast();
         pgrx::log!(
             "tsoracle fence complete: epoch {epoch} (timeline {timeline}), serving from {floor_ms} ms, high-water {high_water_ms} ms, {} live leases, took {:.1} ms",
@@ -150,12 +151,6 @@ impl Worker {
         );
         true
     }
-}
-
-/// An expired lease is kept (no longer live; renewing it says "expired", 55000) for
-/// `tsoracle.expired_lease_retention_ms`, then purged (renewing it then says "does not exist").
-pub(super) fn purge_horizon(now_ms: u64) -> u64 {
-    now_ms.saturating_sub(guc::expired_lease_retention_ms())
 }
 
 /// The durable leases, without those expired longer than the retention (deleted here).

@@ -1,10 +1,11 @@
 //! Leases: their part of a group commit, their expiry, and the bounds published for
 //! `tso_safe_frontier()`.
 
-use super::fence::purge_horizon;
-use super::requests::{denied, Checks};
-use super::{persist_high_water, Worker};
-use crate::clock::{self, Sample};
+use super::checks::{denied, Checks};
+use super::high_water::persist_high_water;
+use super::state::Worker;
+use crate::pg::clock::{self, Sample};
+use crate::pg::guc;
 use crate::shmem::{Reply, ReplyCode, Request, RequestKind, LEASE_BOUNDS, MAX_LEASES};
 use pgrx::bgworkers::BackgroundWorker;
 use pgrx::prelude::*;
@@ -92,6 +93,12 @@ impl Worker {
         }
         self.lease_deadlines = deadlines;
     }
+}
+
+/// An expired lease is kept (no longer live; renewing it says "expired", 55000) for
+/// `tsoracle.expired_lease_retention_ms`, then purged (renewing it then says "does not exist").
+pub(super) fn purge_horizon(now_ms: u64) -> u64 {
+    now_ms.saturating_sub(guc::expired_lease_retention_ms())
 }
 
 /// The lease part of a group commit, in queue order, on the worker's copy of the table.

@@ -1,14 +1,13 @@
 //! The group commit: every pending call in ONE transaction, then every answer; and who may
 //! do what (owners of keys and leases, superusers, names the database can store).
 
+use super::checks::Checks;
 use super::leases::mutate_leases;
 use super::sequences::{advance_sequences, SeqStatements};
-use super::Worker;
-use crate::clock;
+use super::state::{strict_mode_refusal, Worker};
+use crate::pg::clock;
 use crate::shmem::{self, Reply, ReplyCode, Request, ORACLE, QUEUE};
 use pgrx::bgworkers::BackgroundWorker;
-use pgrx::prelude::*;
-use std::collections::HashMap;
 use tsoracle_core::queue::Ticket;
 
 impl Worker {
@@ -41,7 +40,7 @@ impl Worker {
         let mut statements = self.seq_statements.take();
         let (replies, high_water, leases, statements, refused) =
             BackgroundWorker::transaction(move || {
-                if let Some(why) = super::strict_mode_refusal() {
+                if let Some(why) = strict_mode_refusal() {
                     let replies = vec![Reply::err(ReplyCode::Refused); requests.len()];
                     return (replies, window, leases, statements, Some(why));
                 }
@@ -60,9 +59,9 @@ impl Worker {
                 (replies, high_water, leases, statements, None)
             });
         self.seq_statements = statements;
-        crate::replica::confirm_replicated();
+        crate::pg::replica::confirm_replicated();
         if refused.is_none() {
-            self.signals.confirm_until(started, crate::guc::window_ahead_ms());
+            self.signals.confirm_until(started, crate::pg::guc::window_ahead_ms());
         }
         let before = std::mem::replace(&mut self.leases, leases);
         self.note_lease_deadlines(Some(&before), started);
@@ -97,58 +96,7 @@ impl Worker {
             }
             Err(_) => Vec::new(),
         };
-        shmem::wake_waiters(waiters);
+        shmem::queue::wake_waiters(waiters);
         self.signals.broadcast_answers();
     }
-}
-
-/// Who may do what, for the roles of one group: asked of the catalogs once per role.
-pub(super) struct Checks {
-    superusers: HashMap<u32, bool>,
-    ascii_only: bool,
-}
-
-impl Checks {
-    pub(super) fn new(requests: &[(Ticket, Request)], ascii_only: bool) -> Checks {
-        let mut superusers = HashMap::new();
-        for (_, r) in requests {
-            superusers
-                .entry(r.role)
-                // SAFETY: a catalog lookup by OID inside the group's transaction; an unknown
-                // OID (a role dropped since) is simply not a superuser.
-                .or_insert_with(|| unsafe { pg_sys::superuser_arg(pg_sys::Oid::from(r.role)) });
-        }
-        Checks { superusers, ascii_only }
-    }
-
-    fn is_superuser(&self, role: u32) -> bool {
-        self.superusers.get(&role).copied().unwrap_or(false)
-    }
-
-    /// May `role` use what `owner` owns? Owner 0 (a key from before owners existed) is
-    /// shared by every role that may call the function; otherwise the owner, its members
-    /// (as for PostgreSQL's own objects), and superusers.
-    pub(super) fn may_use(&self, role: u32, owner: u32) -> bool {
-        owner == 0
-            || role == owner
-            || self.is_superuser(role)
-            // SAFETY: a catalog lookup inside the group's transaction.
-            || unsafe { pg_sys::has_privs_of_role(pg_sys::Oid::from(role), pg_sys::Oid::from(owner)) }
-    }
-
-    /// May `role` manage (renew, release, drop) what `owner` owns? The owner itself or a
-    /// superuser (owner 0: shared, as above).
-    pub(super) fn may_manage(&self, role: u32, owner: u32) -> bool {
-        owner == 0 || role == owner || self.is_superuser(role)
-    }
-
-    /// A name the worker's database can store and give back.
-    pub(super) fn storable(&self, name: &str) -> bool {
-        !self.ascii_only || name.is_ascii()
-    }
-}
-
-/// 42501, carrying the owner so the caller can name it.
-pub(super) fn denied(owner: u32) -> Reply {
-    Reply { value: i64::from(owner), ..Reply::err(ReplyCode::PermissionDenied) }
 }

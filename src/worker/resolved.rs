@@ -1,8 +1,8 @@
 //! Publishing the resolved timestamp to hot standbys and to logical decoding.
 
-use super::Worker;
-use crate::clock;
-use crate::guc;
+use super::state::Worker;
+use crate::pg::clock;
+use crate::pg::guc;
 use pgrx::bgworkers::BackgroundWorker;
 use pgrx::prelude::*;
 
@@ -19,7 +19,7 @@ impl Worker {
             return;
         }
         self.resolved_published_mono_ms = now;
-        let Ok(r) = crate::resolved::primary_resolved(self.signals) else {
+        let Ok(r) = crate::shmem::holders::primary_resolved(self.signals) else {
             return;
         };
         if r <= self.signals.published_resolved().0 {

@@ -1,7 +1,7 @@
 //! Counters: their part of a group commit.
 
-use super::requests::{denied, Checks};
-use crate::guc;
+use super::checks::{denied, Checks};
+use crate::pg::guc;
 use crate::shmem::{Reply, ReplyCode, Request, RequestKind};
 use pgrx::prelude::*;
 use pgrx::spi::OwnedPreparedStatement;
@@ -69,7 +69,7 @@ pub(super) fn advance_sequences(
     // The lock protocol of the in-place path (`crate::seq_inplace`): wait for the callers
     // writing counters in place, and keep them out until this group commits, before reading
     // any counter. Its statements' trigger takes the same lock again (a no-op then).
-    if let Some(relid) = crate::seq_inplace::counter_table() {
+    if let Some(relid) = crate::pg::catalog::counter_table() {
         // SAFETY: inside the group's transaction; held until it ends.
         unsafe { pg_sys::LockRelationOid(relid, pg_sys::ShareRowExclusiveLock as i32) };
     }

@@ -228,7 +228,7 @@ pub fn set_clock_offset(client: &mut Client, offset_ms: i64) -> Result<(), Harne
 }
 
 /// The timestamp a tsoracle UUID carries, decoded from its text form here, independently of
-/// the extension (README, "UUIDs"): `unix_ts_ms` is the physical part, the 18 bits after the
+/// the extension (docs/reference/uuids.md): `unix_ts_ms` is the physical part, the 18 bits after the
 /// version (4 + 8 in bytes 6 and 7, 6 after the variant in byte 8) the logical part. Fails
 /// unless it is a version-7 UUID of the RFC 9562 variant.
 pub fn uuid_timestamp(text: &str) -> Result<i64, String> {

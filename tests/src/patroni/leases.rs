@@ -147,7 +147,7 @@ pub struct LeaseReport {
 ///    by a call that ended before the grant began (the bound is the durable high-water,
 ///    which only rises and bounds everything served);
 /// 2. every timestamp served by another term (label) in a call that began after a grant
-///    returned is above that grant's bound (README, "Leases": after a failover, every
+///    returned is above that grant's bound (docs/reference/leases.md: after a failover, every
 ///    timestamp is above every lease bound ever granted; and a term older than the grant's
 ///    must not serve any more);
 /// 3. a grant's epoch is the timeline of the term that granted it.

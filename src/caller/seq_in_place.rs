@@ -27,69 +27,14 @@
 //! trigger yet), a table whose shape is not the one this code reads, a row version that is
 //! not plainly live.
 
-use crate::error::TsoError;
-use crate::guc;
+use crate::pg::catalog::{counter_table, in_worker_database, once_per_table};
+use crate::pg::error::TsoError;
+use crate::pg::guc;
 use pgrx::pg_sys;
 use std::ffi::c_int;
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::OnceLock;
+use std::sync::atomic::AtomicU32;
 use tsoracle_core::counter_page::{counter_tuple, write_counter};
 use tsoracle_core::seq::{block_end, may_return_after_sync_wait};
-
-/// Whether this backend is connected to the worker's database (fixed for its life).
-static IN_WORKER_DATABASE: OnceLock<bool> = OnceLock::new();
-
-fn in_worker_database() -> bool {
-    *IN_WORKER_DATABASE.get_or_init(|| {
-        let Ok(name) = std::ffi::CString::new(guc::database()) else {
-            return false;
-        };
-        // SAFETY: a syscache lookup by name inside the caller's transaction; missing_ok.
-        let oid = unsafe { pg_sys::get_database_oid(name.as_ptr(), true) };
-        // SAFETY: MyDatabaseId is set before any SQL runs in a backend.
-        oid != pg_sys::InvalidOid && oid == unsafe { pg_sys::MyDatabaseId }
-    })
-}
-
-/// `check()` for table `oid`, remembered in `cache` once it held: a table's OID changes only
-/// when it is made again (`DROP` / `CREATE EXTENSION`), and a new OID is checked again.
-fn once_per_table(cache: &AtomicU32, oid: pg_sys::Oid, check: impl FnOnce() -> bool) -> bool {
-    if cache.load(Ordering::Relaxed) == oid.to_u32() {
-        return true;
-    }
-    let held = check();
-    if held {
-        cache.store(oid.to_u32(), Ordering::Relaxed);
-    }
-    held
-}
-
-/// The last table found to be the extension's own `tsoracle.seq`.
-static MEMBER_TABLE: AtomicU32 = AtomicU32::new(0);
-
-/// `tsoracle.seq`'s OID in this database, if the extension is installed and the table is a
-/// member of it (in `pg_depend`): never a look-alike made by whoever owns the schema's name.
-pub fn counter_table() -> Option<pg_sys::Oid> {
-    // SAFETY: syscache lookups by name inside the caller's transaction (missing_ok); the
-    // names are fixed, so no search_path is involved.
-    let oid = unsafe {
-        let schema = pg_sys::get_namespace_oid(c"tsoracle".as_ptr(), true);
-        if schema == pg_sys::InvalidOid {
-            return None;
-        }
-        pg_sys::get_relname_relid(c"seq".as_ptr(), schema)
-    };
-    let member = oid != pg_sys::InvalidOid
-        && once_per_table(&MEMBER_TABLE, oid, || {
-            // SAFETY: catalog lookups inside the caller's transaction.
-            unsafe {
-                let extension = pg_sys::get_extension_oid(c"tsoracle".as_ptr(), true);
-                extension != pg_sys::InvalidOid
-                    && pg_sys::getExtensionOfObject(pg_sys::RelationRelationId, oid) == extension
-            }
-        });
-    member.then_some(oid)
-}
 
 /// Whether synchronous standbys are configured, as the server's commits see it
 /// (`WalSndCtl->sync_standbys_status`, which the checkpointer sets on every reload; not the
@@ -205,7 +150,7 @@ unsafe fn expected_shape(rel: pg_sys::Relation) -> Option<pg_sys::Oid> {
     ];
     let attrs: [&pg_sys::FormData_pg_attribute; 4] = std::array::from_fn(|i| {
         // SAFETY: natts >= 4, so the first four attributes exist, as long as rel is open.
-        unsafe { &*crate::compat::tuple_desc_attr(desc, i) }
+        unsafe { &*crate::pg::compat::tuple_desc_attr(desc, i) }
     });
     for (attr, (typid, len)) in attrs.iter().zip(expected) {
         if attr.atttypid != typid || attr.attlen != len || attr.attisdropped {
@@ -218,7 +163,7 @@ unsafe fn expected_shape(rel: pg_sys::Relation) -> Option<pg_sys::Oid> {
         return None;
     }
     // SAFETY: a relcache lookup for an open relation.
-    let index = unsafe { crate::compat::primary_key_index(rel) };
+    let index = unsafe { crate::pg::compat::primary_key_index(rel) };
     (index != pg_sys::InvalidOid).then_some(index)
 }
 
@@ -335,7 +280,7 @@ unsafe fn found_row(rel: pg_sys::Relation, index: pg_sys::Oid, key: &str) -> Opt
     unsafe {
         let text = pg_sys::cstring_to_text_with_len(key.as_ptr().cast(), len);
         let mut scankey: pg_sys::ScanKeyData = std::mem::zeroed();
-        let collation = (*crate::compat::tuple_desc_attr((*rel).rd_att, 0)).attcollation;
+        let collation = (*crate::pg::compat::tuple_desc_attr((*rel).rd_att, 0)).attcollation;
         pg_sys::ScanKeyEntryInitialize(
             &mut scankey,
             0,

@@ -14,8 +14,8 @@
 //! high-water it committed, so a permitted drop followed by `CREATE EXTENSION` without a
 //! restart still continues above it.
 
-use crate::error::TsoError;
-use crate::guc;
+use crate::pg::error::TsoError;
+use crate::pg::guc;
 use crate::shmem::{Phase, ORACLE};
 use pgrx::pg_guard;
 use pgrx::pg_sys;
@@ -61,7 +61,7 @@ unsafe extern "C-unwind" fn object_access(
                 ORACLE.share().max_committed_ms
             );
         } else {
-            TsoError::DropRefused(what).report();
+            TsoError::DropRefused { what, resume_ms: ORACLE.share().max_committed_ms }.report();
         }
     }
 }

@@ -2,9 +2,9 @@
 //! Thin: validation and error mapping here, logic in `oracle`,
 //! `worker` and the pure core.
 
-use crate::error::{check_superuser, OrReport, TsoError};
-use crate::guc;
-use crate::oracle;
+use crate::caller::window;
+use crate::pg::error::{check_superuser, OrReport, TsoError};
+use crate::pg::guc;
 use crate::shmem::{self, ORACLE};
 use pgrx::prelude::*;
 use tsoracle_core::timestamp;
@@ -15,13 +15,13 @@ const PG_EPOCH_OFFSET_US: i64 = 946_684_800_000_000;
 /// The next timestamp: strictly greater than every one issued before it.
 #[pg_extern]
 fn tso_next() -> i64 {
-    oracle::next(1).map(timestamp::to_sql).or_report()
+    window::next(1).map(timestamp::to_sql).or_report()
 }
 
 /// The first of `count` consecutive timestamps `[first, first + count)`, all in one millisecond.
 #[pg_extern]
 fn tso_next_batch(count: i32) -> i64 {
-    oracle::next(i64::from(count)).map(timestamp::to_sql).or_report()
+    window::next(i64::from(count)).map(timestamp::to_sql).or_report()
 }
 
 fn checked_ts(ts: i64) -> u64 {
@@ -99,7 +99,7 @@ fn tso_seed(physical_ms: i64) -> i64 {
 fn seed(physical_ms: i64) -> Result<i64, TsoError> {
     let signals = shmem::signals()?;
     check_superuser("call tso_seed()")?;
-    oracle::ensure_primary("seed the high-water")?;
+    window::ensure_primary("seed the high-water")?;
     let target = u64::try_from(physical_ms)
         .ok()
         .filter(|ms| (1..=timestamp::MAX_SQL_PHYSICAL_MS).contains(ms))
@@ -110,7 +110,7 @@ fn seed(physical_ms: i64) -> Result<i64, TsoError> {
             ))
         })?;
     let mut last_phase = shmem::Phase::Starting;
-    let done = oracle::wait_for_worker(signals, || {
+    let done = window::wait_for_worker(signals, || {
         let st = ORACLE.share();
         last_phase = st.phase;
         if st.seeded_ms >= target && st.phase == shmem::Phase::Serving {
@@ -123,9 +123,7 @@ fn seed(physical_ms: i64) -> Result<i64, TsoError> {
     })?;
     match done {
         Some(high_water) => Ok(high_water as i64),
-        None if last_phase != shmem::Phase::Serving => {
-            Err(oracle::not_serving(signals, last_phase))
-        }
+        None if last_phase != shmem::Phase::Serving => Err(shmem::not_serving(signals, last_phase)),
         None => Err(TsoError::WorkerTimeout {
             waited_ms: guc::extension_timeout_ms(),
             what: "persist the seed",
@@ -137,12 +135,12 @@ fn seed(physical_ms: i64) -> Result<i64, TsoError> {
 #[pg_schema]
 mod tests {
     use super::*;
-    use crate::testing::sqlstate_of;
+    use crate::pg::testing::sqlstate_of;
     use pgrx::PgSqlErrorCode::*;
     use tsoracle_core::timestamp::{logical, physical_ms};
 
     fn now_ms() -> u64 {
-        crate::clock::now_ms()
+        crate::pg::clock::now_ms()
     }
 
     #[pg_test]

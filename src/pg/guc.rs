@@ -1,30 +1,31 @@
-//! Configuration parameters (`tsoracle.*`). All are documented in README.md.
+//! Configuration parameters (`tsoracle.*`), all documented in README.md. The statics are
+//! private: the rest of the extension reads each setting through its accessor.
 
 use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
 use std::ffi::CString;
 
-pub static DATABASE: GucSetting<Option<CString>> =
+static DATABASE: GucSetting<Option<CString>> =
     GucSetting::<Option<CString>>::new(Some(c"postgres"));
-pub static WINDOW_AHEAD_MS: GucSetting<i32> = GucSetting::<i32>::new(3000);
-pub static FAILOVER_ADVANCE_MS: GucSetting<i32> = GucSetting::<i32>::new(1000);
-pub static EXTENSION_TIMEOUT_MS: GucSetting<i32> = GucSetting::<i32>::new(5000);
-pub static MAX_SEQ_COUNT: GucSetting<i32> = GucSetting::<i32>::new(65536);
-pub static MAX_SEQ_KEYS: GucSetting<i32> = GucSetting::<i32>::new(100_000);
-pub static LEASE_TTL_MIN_MS: GucSetting<i32> = GucSetting::<i32>::new(5_000);
-pub static LEASE_TTL_MAX_MS: GucSetting<i32> = GucSetting::<i32>::new(300_000);
-pub static MAX_LEAD_MS: GucSetting<i32> = GucSetting::<i32>::new(10_000);
-pub static REQUIRE_SYNCHRONOUS_STANDBY: GucSetting<bool> = GucSetting::<bool>::new(false);
-pub static HA_TTL_MS: GucSetting<i32> = GucSetting::<i32>::new(0);
-pub static EXPIRED_LEASE_RETENTION_MS: GucSetting<i32> = GucSetting::<i32>::new(600_000);
-pub static ALLOW_DROP: GucSetting<bool> = GucSetting::<bool>::new(false);
-pub static RESOLVED_INTERVAL_MS: GucSetting<i32> = GucSetting::<i32>::new(100);
-pub static SEQ_IN_PLACE: GucSetting<bool> = GucSetting::<bool>::new(true);
+static WINDOW_AHEAD_MS: GucSetting<i32> = GucSetting::<i32>::new(3000);
+static FAILOVER_ADVANCE_MS: GucSetting<i32> = GucSetting::<i32>::new(1000);
+static EXTENSION_TIMEOUT_MS: GucSetting<i32> = GucSetting::<i32>::new(5000);
+static MAX_SEQ_COUNT: GucSetting<i32> = GucSetting::<i32>::new(65536);
+static MAX_SEQ_KEYS: GucSetting<i32> = GucSetting::<i32>::new(100_000);
+static LEASE_TTL_MIN_MS: GucSetting<i32> = GucSetting::<i32>::new(5_000);
+static LEASE_TTL_MAX_MS: GucSetting<i32> = GucSetting::<i32>::new(300_000);
+static MAX_LEAD_MS: GucSetting<i32> = GucSetting::<i32>::new(10_000);
+static REQUIRE_SYNCHRONOUS_STANDBY: GucSetting<bool> = GucSetting::<bool>::new(false);
+static HA_TTL_MS: GucSetting<i32> = GucSetting::<i32>::new(0);
+static EXPIRED_LEASE_RETENTION_MS: GucSetting<i32> = GucSetting::<i32>::new(600_000);
+static ALLOW_DROP: GucSetting<bool> = GucSetting::<bool>::new(false);
+static RESOLVED_INTERVAL_MS: GucSetting<i32> = GucSetting::<i32>::new(100);
+static SEQ_IN_PLACE: GucSetting<bool> = GucSetting::<bool>::new(true);
 #[cfg(feature = "clock-fault")]
-pub static TEST_SEQ_PAUSE_MS: GucSetting<i32> = GucSetting::<i32>::new(0);
+static TEST_SEQ_PAUSE_MS: GucSetting<i32> = GucSetting::<i32>::new(0);
 #[cfg(feature = "clock-fault")]
-pub static TEST_SEQ_IN_PLACE_UNDER_SYNC: GucSetting<bool> = GucSetting::<bool>::new(false);
+static TEST_SEQ_IN_PLACE_UNDER_SYNC: GucSetting<bool> = GucSetting::<bool>::new(false);
 #[cfg(feature = "clock-fault")]
-pub static TEST_CLOCK_OFFSET_MS: GucSetting<i32> = GucSetting::<i32>::new(0);
+static TEST_CLOCK_OFFSET_MS: GucSetting<i32> = GucSetting::<i32>::new(0);
 
 pub fn define() {
     GucRegistry::define_string_guc(
@@ -266,11 +267,6 @@ pub fn allow_drop() -> bool {
     ALLOW_DROP.get()
 }
 
-#[cfg(feature = "clock-fault")]
-pub fn test_clock_offset_ms() -> i64 {
-    i64::from(TEST_CLOCK_OFFSET_MS.get())
-}
-
 /// The postmaster reloads its configuration first, on SIGHUP, and every process reads the
 /// offset from shared memory: the whole server's wall clock steps at one instant (later
 /// reloads in other processes store the same value again).
@@ -279,9 +275,7 @@ unsafe extern "C-unwind" fn assign_test_clock_offset(
     newval: std::ffi::c_int,
     _extra: *mut std::ffi::c_void,
 ) {
-    if let Some(signals) = crate::shmem::SIGNALS.get() {
-        signals.set_test_clock_offset_ms(i64::from(newval));
-    }
+    super::clock::fault::set_offset_ms(i64::from(newval));
 }
 
 pub fn resolved_interval_ms() -> u64 {

@@ -3,8 +3,8 @@
 //! (`tsoracle_core::uuid` draws the layout), so its byte order — `ORDER BY id`, a btree on
 //! `uuid` — is the oracle's order, across every backend, restarts, crashes and failover.
 
-use crate::error::{OrReport, TsoError};
-use crate::oracle;
+use crate::caller::window;
+use crate::pg::error::{OrReport, TsoError};
 use pgrx::prelude::*;
 use pgrx::Uuid;
 use tsoracle_core::timestamp;
@@ -29,7 +29,7 @@ fn uuid_of(ts: u64) -> Result<Uuid, TsoError> {
 /// before it on this cluster.
 #[pg_extern]
 fn tso_next_uuid() -> Uuid {
-    oracle::next(1).and_then(uuid_of).or_report()
+    window::next(1).and_then(uuid_of).or_report()
 }
 
 /// The UUIDv7 of timestamp `ts` (its last 56 bits random).
@@ -58,7 +58,7 @@ fn tso_from_uuid(id: Uuid) -> i64 {
 #[pg_schema]
 mod tests {
     use super::*;
-    use crate::testing::sqlstate_of;
+    use crate::pg::testing::sqlstate_of;
     use pgrx::PgSqlErrorCode::*;
 
     #[pg_test]

@@ -2,13 +2,13 @@
 //! itself, with physical_ms up to a bound the oracle has already made durable, until the
 //! lease expires. Every mutation is a request to the worker (the only durable writer).
 
-use crate::error::{OrReport, TsoError};
-use crate::guc;
-use crate::oracle::{
-    check_storable, ensure_primary, not_serving, reply_error, submit, wait_for_worker,
-};
+use crate::caller::requests::{check_storable, reply_error, submit};
+use crate::caller::window::{ensure_primary, wait_for_worker};
+use crate::pg::error::{OrReport, TsoError};
+use crate::pg::guc;
 use crate::shmem::{
-    self, Phase, Reply, ReplyCode, Request, RequestKind, LEASE_BOUNDS, MAX_LEASES, ORACLE,
+    self, not_serving, Phase, Reply, ReplyCode, Request, RequestKind, LEASE_BOUNDS, MAX_LEASES,
+    ORACLE,
 };
 use pgrx::prelude::*;
 use tsoracle_core::lease::{validate_holder, validate_ttl};
@@ -136,15 +136,15 @@ fn safe_frontier() -> Result<i64, TsoError> {
         Ok((st.phase == Phase::Serving).then(|| st.allocator.high_water_ms()))
     })?
     .ok_or_else(|| not_serving(signals, phase))?;
-    Ok(LEASE_BOUNDS.share().frontier(high_water, crate::clock::sample()) as i64)
+    Ok(LEASE_BOUNDS.share().frontier(high_water, crate::pg::clock::sample()) as i64)
 }
 
 #[cfg(any(test, feature = "pg_test"))]
 #[pg_schema]
 mod tests {
     use super::*;
-    use crate::clock::now_ms;
-    use crate::testing::{can_execute, sqlstate_of};
+    use crate::pg::clock::now_ms;
+    use crate::pg::testing::{can_execute, sqlstate_of};
     use pgrx::PgSqlErrorCode::*;
 
     #[pg_test]

@@ -2,14 +2,13 @@
 //! are part of every released version's SQL (the library serves them all): add a new
 //! function rather than a column.
 
-use crate::error::OrReport;
-use crate::oracle;
+use crate::pg::error::OrReport;
 use crate::shmem::{self, Phase, LEASE_BOUNDS, ORACLE, QUEUE};
 use pgrx::prelude::*;
 use std::sync::atomic::Ordering;
 use tsoracle_core::timestamp;
 
-/// The row, field by field (README: "tso_status()" documents each column).
+/// The row, field by field (docs/reference/status.md documents each column).
 struct Status {
     role: &'static str,
     state: String,
@@ -64,14 +63,14 @@ impl Status {
             group_commits: header.group_commits as i64,
             grouped_requests: header.grouped_requests as i64,
             live_leases: LEASE_BOUNDS.share().live as i64,
-            sync_replication: crate::replica::sync_replication_configured(),
+            sync_replication: crate::pg::replica::sync_replication_configured(),
         };
         if standby {
             // A standby serves nothing; show what it has replayed.
             status.role = "standby";
             status.state = "standby".into();
-            status.detail = crate::replica::primary_hint();
-            status.timeline = Some(i64::from(crate::replica::replay_timeline()));
+            status.detail = crate::pg::replica::primary_hint();
+            status.timeline = Some(i64::from(crate::pg::replica::replay_timeline()));
             status.high_water_ms = replayed_high_water();
             status.last_issued = None;
             status.last_fence_ms = None;
@@ -86,11 +85,12 @@ impl Status {
             status.epoch = allocator.epoch().map(|e| e as i64);
             status.high_water_ms = Some(allocator.high_water_ms() as i64);
             status.floor_ms = Some(allocator.floor_ms() as i64);
-            status.window_left_ms = Some(allocator.window_left_ms(crate::clock::now_ms()) as i64);
+            status.window_left_ms =
+                Some(allocator.window_left_ms(crate::pg::clock::now_ms()) as i64);
         }
         status.detail = match st.phase {
             Phase::Serving => st.refusal(),
-            phase => Some(oracle::not_serving(signals, phase).to_string()),
+            phase => Some(shmem::not_serving(signals, phase).to_string()),
         };
         status
     }
@@ -171,7 +171,7 @@ fn tso_clock() -> TableIterator<
     ),
 > {
     let signals = shmem::signals().or_report();
-    let now = crate::clock::sample();
+    let now = crate::pg::clock::sample();
     let st = *ORACLE.share();
     // SAFETY: as in Status::read.
     let standby = unsafe { pg_sys::RecoveryInProgress() };
@@ -228,7 +228,7 @@ mod tests {
         .unwrap();
         let (skew, left) = (row.0.unwrap(), row.1.unwrap());
         assert!(skew.abs() < 1_000, "wall_ms is the server's clock ({skew} ms off)");
-        let window = crate::guc::window_ahead_ms() as i64;
+        let window = crate::pg::guc::window_ahead_ms() as i64;
         assert!(left > 0 && left <= window, "serve_left_ms {left} within (0, {window}]");
         let (reference, lead) = Spi::get_two::<i64, i64>(
             "SELECT reference_ms - wall_ms, reference_lead_ms FROM tso_clock()",
@@ -237,7 +237,7 @@ mod tests {
         assert!(reference.unwrap() >= -1_000, "the reference is not behind the wall clock");
         assert!(lead.unwrap() >= 0);
         let issued = Spi::get_one::<i64>("SELECT issued_lead_ms FROM tso_clock()").unwrap();
-        let max_lead = crate::guc::max_lead_ms() as i64;
+        let max_lead = crate::pg::guc::max_lead_ms() as i64;
         assert!(issued.unwrap() <= lead.unwrap() + max_lead, "within the lead cap");
     }
 }

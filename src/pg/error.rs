@@ -53,7 +53,7 @@ pub enum TsoError {
     #[error("canceling the wait for synchronous replication: {0}")]
     SyncWaitCancelled(String),
 
-    /// `PREPARE TRANSACTION` of a transaction that took timestamps (`crate::resolved`).
+    /// `PREPARE TRANSACTION` of a transaction that took timestamps (`crate::caller::holding`).
     #[error("cannot PREPARE a transaction that has taken tsoracle timestamps")]
     PrepareRefused,
 
@@ -61,9 +61,10 @@ pub enum TsoError {
     #[error("this transaction holds tsoracle timestamp {0}: the resolved timestamp cannot pass it before the transaction ends")]
     WaitOnItself(u64),
 
-    /// A drop that would lose the durable high-water (`crate::guard`).
-    #[error("cannot drop {0}: it holds the durable high-water of tsoracle, below which no timestamp may be issued again")]
-    DropRefused(String),
+    /// A drop that would lose the durable high-water (`crate::caller::guard`); `resume_ms` is
+    /// the highest high-water committed in this server's life, to seed after a forced drop.
+    #[error("cannot drop {what}: it holds the durable high-water of tsoracle, below which no timestamp may be issued again")]
+    DropRefused { what: String, resume_ms: u64 },
 
     #[error("tsoracle internal error: {0}")]
     Internal(String),
@@ -85,7 +86,7 @@ impl TsoError {
             TsoError::OutcomeUnknown(_) => ERRCODE_T_R_STATEMENT_COMPLETION_UNKNOWN,
             TsoError::InsufficientPrivilege(_) => ERRCODE_INSUFFICIENT_PRIVILEGE,
             TsoError::SyncWaitCancelled(_) => ERRCODE_QUERY_CANCELED,
-            TsoError::DropRefused(_) => ERRCODE_OBJECT_IN_USE,
+            TsoError::DropRefused { .. } => ERRCODE_OBJECT_IN_USE,
             TsoError::PrepareRefused => ERRCODE_FEATURE_NOT_SUPPORTED,
             TsoError::WaitOnItself(_) => ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
             TsoError::Internal(_) => ERRCODE_INTERNAL_ERROR,
@@ -102,7 +103,7 @@ impl TsoError {
                 "This is transient: retry the call. If it persists, check SELECT * FROM tso_status() and the server log."
                     .into(),
             ),
-            TsoError::Standby(_) => crate::replica::primary_hint(),
+            TsoError::Standby(_) => super::replica::primary_hint(),
             TsoError::TooManyKeys(_) => {
                 Some("Raise tsoracle.max_seq_keys, or reuse existing keys.".into())
             }
@@ -124,9 +125,8 @@ impl TsoError {
                 "Wait for the resolved timestamp in another transaction, after this one has committed."
                     .into(),
             ),
-            TsoError::DropRefused(_) => Some(format!(
-                "Dropped, the oracle would start again from the clock after the next restart and could repeat timestamps it already returned. To drop it anyway, a superuser first runs SET tsoracle.allow_drop = on; after CREATE EXTENSION tsoracle, run SELECT tso_seed({}) before the server restarts.",
-                crate::shmem::ORACLE.share().max_committed_ms
+            TsoError::DropRefused { resume_ms, .. } => Some(format!(
+                "Dropped, the oracle would start again from the clock after the next restart and could repeat timestamps it already returned. To drop it anyway, a superuser first runs SET tsoracle.allow_drop = on; after CREATE EXTENSION tsoracle, run SELECT tso_seed({resume_ms}) before the server restarts."
             )),
             _ => None,
         }

@@ -2,9 +2,10 @@
 //! `tso_seq` on an existing key of the worker's database advances it in place
 //! (`seq_inplace`); every other call is a request to the worker, which group-commits them.
 
-use crate::error::{OrReport, TsoError};
-use crate::guc;
-use crate::oracle::{check_storable, ensure_primary, reply_error, submit};
+use crate::caller::requests::{check_storable, reply_error, submit};
+use crate::caller::window::ensure_primary;
+use crate::pg::error::{OrReport, TsoError};
+use crate::pg::guc;
 use crate::shmem::{Reply, ReplyCode, Request, RequestKind};
 use pgrx::prelude::*;
 use tsoracle_core::seq::{validate_count, validate_key};
@@ -45,7 +46,7 @@ fn advance(key: Option<&str>, count: Option<i32>) -> Result<i64, TsoError> {
     let key = checked_key(key)?;
     let count = checked_count(count)?;
     ensure_primary("advance a sequence")?;
-    if let Some(start) = crate::seq_inplace::try_advance(key, count)? {
+    if let Some(start) = crate::caller::seq_in_place::try_advance(key, count)? {
         return Ok(start);
     }
     start_of(key, count, one_reply(Request::new(RequestKind::SeqAdvance, key, count))?)
@@ -160,7 +161,7 @@ fn drop_key(key: Option<&str>) -> Result<bool, TsoError> {
 #[pg_schema]
 mod tests {
     use super::*;
-    use crate::testing::{can_execute, sqlstate_of};
+    use crate::pg::testing::{can_execute, sqlstate_of};
     use pgrx::PgSqlErrorCode::*;
 
     #[pg_test]

@@ -1,0 +1,96 @@
+//! Holding the resolved timestamp (docs/resolved.md): before its first grant of a transaction
+//! a backend fills its holder slot with a lower bound of what it will get; the slot is
+//! cleared once the transaction has ended (the `XACT_EVENT_COMMIT` / `ABORT` callbacks run
+//! after the commit is visible), or when the backend exits. `PREPARE TRANSACTION` of a
+//! transaction that took values is refused: a prepared transaction outlives its slot.
+
+use crate::pg::error::TsoError;
+use crate::shmem::holders::HOLDERS;
+use crate::shmem::Signals;
+use pgrx::pg_guard;
+use pgrx::pg_sys;
+use std::sync::atomic::{fence, AtomicBool, Ordering};
+
+/// This backend's open transaction holds values (its slot is set).
+static HELD: AtomicBool = AtomicBool::new(false);
+
+/// Before a grant: make sure this backend's slot holds a lower bound of what the grant will
+/// return. True when this call published it (the caller then [`raise`]s it to the value). A
+/// backend without a slot gets nothing: the resolved timestamp could not account for it.
+pub fn hold(signals: &Signals) -> Result<bool, TsoError> {
+    if HELD.load(Ordering::Relaxed) {
+        return Ok(false);
+    }
+    let Some(slot) = HOLDERS.mine() else {
+        return Err(TsoError::Internal(
+            "this backend has no slot for the resolved timestamp".into(),
+        ));
+    };
+    register_callbacks();
+    // The window's next only grows, and every grant is at or above it: a lower bound.
+    // SAFETY: a plain read of this process's pid.
+    slot.publish(signals.window.next_ts(), unsafe { pg_sys::MyProcPid });
+    // The slot is visible to any reader whose fence comes after this one; a reader whose
+    // fence came first read a window `next` at or below what this grant will get.
+    fence(Ordering::SeqCst);
+    HELD.store(true, Ordering::Relaxed);
+    Ok(true)
+}
+
+/// After the first grant of a transaction: the slot holds the value itself (still at or below
+/// everything the transaction takes).
+pub fn raise(first: u64) {
+    if let Some(slot) = HOLDERS.mine() {
+        slot.raise_to(first);
+    }
+}
+
+/// What this backend's open transaction holds, if anything.
+pub fn held_by_me() -> Option<u64> {
+    HELD.load(Ordering::Relaxed)
+        .then(|| HOLDERS.mine().map(|s| s.min_ts()))
+        .flatten()
+        .filter(|&v| v != 0)
+}
+
+fn release() {
+    if HELD.swap(false, Ordering::Relaxed) {
+        if let Some(slot) = HOLDERS.mine() {
+            slot.clear();
+        }
+    }
+}
+
+fn register_callbacks() {
+    static REGISTERED: AtomicBool = AtomicBool::new(false);
+    if !REGISTERED.swap(true, Ordering::Relaxed) {
+        // SAFETY: registering static functions that take no argument, once per process.
+        unsafe {
+            pg_sys::RegisterXactCallback(Some(xact_callback), std::ptr::null_mut());
+            pg_sys::before_shmem_exit(Some(exit_callback), pg_sys::Datum::from(0usize));
+        }
+    }
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn xact_callback(
+    event: pg_sys::XactEvent::Type,
+    _arg: *mut std::ffi::c_void,
+) {
+    use pg_sys::XactEvent::*;
+    match event {
+        // After ProcArrayEndTransaction: the commit is visible to every new snapshot.
+        XACT_EVENT_COMMIT
+        | XACT_EVENT_ABORT
+        | XACT_EVENT_PARALLEL_COMMIT
+        | XACT_EVENT_PARALLEL_ABORT
+        | XACT_EVENT_PREPARE => release(),
+        XACT_EVENT_PRE_PREPARE if HELD.load(Ordering::Relaxed) => TsoError::PrepareRefused.report(),
+        _ => {}
+    }
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn exit_callback(_code: std::ffi::c_int, _arg: pg_sys::Datum) {
+    release();
+}

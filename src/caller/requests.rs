@@ -1,0 +1,203 @@
+//! Requests to the worker: a call that changes durable state (a new key, a peek, a drop, a
+//! lease) goes into this backend's own entry of the request queue, and the caller sleeps on
+//! its latch until the worker has answered (bounded by `tsoracle.extension_timeout_ms`).
+
+use crate::pg::error::TsoError;
+use crate::pg::guc;
+use crate::shmem::queue::my_queue_index;
+use crate::shmem::{self, not_serving, Phase, Reply, ReplyCode, Request, ORACLE, QUEUE};
+use pgrx::pg_guard;
+use pgrx::pg_sys;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+use tsoracle_core::queue::{EntryState, Ticket};
+
+/// Like `wait_on`, but on this backend's own latch, which the worker sets when it has
+/// answered our requests (PostgreSQL's synchronous replication waits the same way).
+fn wait_on_latch<T>(
+    mut poll: impl FnMut() -> Result<Option<T>, TsoError>,
+) -> Result<Option<T>, TsoError> {
+    let timeout_ms = guc::extension_timeout_ms();
+    let started = Instant::now();
+    loop {
+        // Reset before looking, so an answer that lands after the look still wakes us.
+        // SAFETY: MyLatch is set for every backend before it runs SQL, and this process is
+        // its owner, the only one allowed to reset it.
+        unsafe { pg_sys::ResetLatch(pg_sys::MyLatch) };
+        if let Some(v) = poll()? {
+            return Ok(Some(v));
+        }
+        let left = timeout_ms - started.elapsed().as_millis() as i64;
+        if left <= 0 {
+            return Ok(None);
+        }
+        // SAFETY: waiting on our own latch (only its owner may wait on it); with
+        // WL_EXIT_ON_PM_DEATH the process exits if the postmaster dies.
+        unsafe {
+            pg_sys::WaitLatch(
+                pg_sys::MyLatch,
+                (pg_sys::WL_LATCH_SET | pg_sys::WL_TIMEOUT | pg_sys::WL_EXIT_ON_PM_DEATH) as i32,
+                left.min(50),
+                pg_sys::PG_WAIT_EXTENSION,
+            )
+        };
+        pg_sys::check_for_interrupts!();
+    }
+}
+
+/// Hand `requests` to the worker as one call (all in the same group commit) and wait for
+/// its answers. The call goes into this backend's own queue entry, so no other backend can
+/// keep it from being queued. Waiting is bounded by `tsoracle.extension_timeout_ms`; a
+/// caller that leaves (timeout, cancel, terminate, disconnect) after the worker took its
+/// call may lose its effect (a gap), which is never given to anyone else.
+pub fn submit(requests: &[Request]) -> Result<Vec<Reply>, TsoError> {
+    let signals = shmem::signals()?;
+    release_entry_at_exit();
+    // SAFETY: plain reads of backend globals, set for every backend that runs SQL.
+    let (role, waiter) = unsafe { (pg_sys::GetUserId().to_u32(), pg_sys::MyLatch as usize) };
+    let requests: Vec<Request> = requests.iter().map(|r| Request { role, ..*r }).collect();
+    let ticket = QUEUE
+        .exclusive()?
+        .queue()
+        .submit(my_queue_index(), &requests, waiter)
+        .map_err(|e| TsoError::Internal(e.to_string()))?;
+    signals.wake_worker();
+
+    let mut pending = PendingCall { ticket, answered: false };
+    let replies = wait_on_latch(|| {
+        {
+            // Look under a shared lock, and poke the worker only while it has not taken the
+            // call yet (it may have been between lives when we queued it).
+            let queue = QUEUE.share()?;
+            match queue.state(ticket) {
+                Some(EntryState::Done) => {}
+                Some(EntryState::Pending) => {
+                    drop(queue);
+                    signals.wake_worker();
+                    return Ok(None);
+                }
+                _ => return Ok(None),
+            }
+        }
+        Ok(QUEUE.exclusive()?.queue().take_replies(ticket))
+    })?;
+    match replies {
+        Some(replies) if replies.len() == requests.len() => {
+            pending.answered = true;
+            Ok(replies)
+        }
+        _ => {
+            let maybe_done = pending.abandon();
+            let phase = ORACLE.share().phase;
+            Err(if maybe_done {
+                TsoError::OutcomeUnknown(format!(
+                    "timed out after {} ms waiting for the tsoracle worker to commit",
+                    guc::extension_timeout_ms()
+                ))
+            } else if phase != Phase::Serving {
+                not_serving(signals, phase)
+            } else {
+                TsoError::WorkerTimeout {
+                    waited_ms: guc::extension_timeout_ms(),
+                    what: "take the request",
+                }
+            })
+        }
+    }
+}
+
+/// A call in flight; dropped without an answer (error, cancel) it is abandoned.
+struct PendingCall {
+    ticket: Ticket,
+    answered: bool,
+}
+
+impl PendingCall {
+    /// Give up the call; true if the worker may already have committed it.
+    fn abandon(&mut self) -> bool {
+        self.answered = true;
+        match QUEUE.exclusive() {
+            Ok(mut queue) => queue.queue().abandon(self.ticket, |r| r.code == ReplyCode::Unknown),
+            Err(_) => false,
+        }
+    }
+}
+
+impl Drop for PendingCall {
+    fn drop(&mut self) {
+        if !self.answered {
+            self.abandon();
+        }
+    }
+}
+
+/// Once per backend: when it exits by any path (FATAL, `pg_terminate_backend`, client
+/// disconnect, `proc_exit`) while a call of its own is queued, give that call up, so the
+/// entry is clean for the next backend (PostgreSQL runs `before_shmem_exit` callbacks on
+/// every orderly exit; a crash reinitialises shared memory altogether).
+fn release_entry_at_exit() {
+    static REGISTERED: AtomicBool = AtomicBool::new(false);
+    if !REGISTERED.swap(true, Ordering::Relaxed) {
+        // SAFETY: registering a callback with a static function and no argument.
+        unsafe {
+            pg_sys::before_shmem_exit(Some(release_queue_entry), pg_sys::Datum::from(0usize))
+        };
+    }
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn release_queue_entry(_code: std::ffi::c_int, _arg: pg_sys::Datum) {
+    // This backend never holds the queue's LWLock across anything that can exit, so taking
+    // it here cannot deadlock with itself.
+    if let Ok(mut queue) = QUEUE.exclusive() {
+        queue.queue().release_entry(my_queue_index());
+    }
+}
+
+/// The name of a role, for messages (its OID if it no longer exists).
+pub fn role_name(oid: u32) -> String {
+    // SAFETY: GetUserNameFromId with noerr = true returns NULL for an unknown role and
+    // otherwise a palloc'd NUL-terminated string, which we copy at once.
+    let name = unsafe { pg_sys::GetUserNameFromId(pg_sys::Oid::from(oid), true) };
+    if name.is_null() {
+        format!("with OID {oid}")
+    } else {
+        // SAFETY: not NULL, so a NUL-terminated string in the current memory context (see
+        // above), alive until we have copied it here.
+        format!("\"{}\"", unsafe { std::ffi::CStr::from_ptr(name) }.to_string_lossy())
+    }
+}
+
+/// Refuse a key or holder the worker's database could not store: where it is not UTF8,
+/// names must be ASCII.
+pub fn check_storable(name: &str, what: &str) -> Result<(), TsoError> {
+    if !name.is_ascii() && ORACLE.share().ascii_names_only {
+        return Err(TsoError::InvalidArgument(format!(
+            "{what} \"{}\" is not ASCII, and database \"{}\" (tsoracle.database) is not UTF8-encoded: it can hold ASCII names only",
+            name.escape_default(),
+            guc::database()
+        )));
+    }
+    Ok(())
+}
+
+/// The errors any request can be answered with; `what` names the key or lease.
+pub fn reply_error(reply: &Reply, what: &str) -> Option<TsoError> {
+    match reply.code {
+        ReplyCode::PermissionDenied => Some(TsoError::InsufficientPrivilege(format!(
+            "{what} belongs to role {}",
+            role_name(u32::try_from(reply.value).unwrap_or(0))
+        ))),
+        ReplyCode::BadEncoding => Some(TsoError::InvalidArgument(format!(
+            "{what} cannot be stored: database \"{}\" (tsoracle.database) is not UTF8-encoded and holds ASCII names only",
+            guc::database()
+        ))),
+        ReplyCode::Refused => Some(TsoError::NotServing(
+            ORACLE.share().refusal().unwrap_or_else(|| "the tsoracle worker refused the request".into()),
+        )),
+        ReplyCode::Unknown => {
+            Some(TsoError::OutcomeUnknown(format!("the tsoracle worker restarted while committing {what}")))
+        }
+        _ => None,
+    }
+}

@@ -1,0 +1,41 @@
+//! PostgreSQL glue, the bottom layer: what every other layer may use, and what uses nothing
+//! of theirs.
+//!
+//! It owns the settings (`guc`, statics private behind accessors), the two clocks (`clock`,
+//! with the tests' clock offset in a shared-memory block of its own), what differs between
+//! PostgreSQL 15 and 18 (`compat`), the errors raised to SQL with their SQLSTATE and HINT
+//! (`error`), standby and synchronous-replication helpers (`replica`), catalog lookups of the
+//! extension's own objects (`catalog`), and the `#[pg_test]` helpers (`testing`).
+//!
+//! May use: pgrx, `tsoracle-core`, the standard library. Nothing in `sql`, `caller`,
+//! `shmem` or `worker`.
+
+pub mod catalog;
+pub mod clock;
+pub mod compat;
+pub mod error;
+pub mod guc;
+pub mod replica;
+
+#[cfg(any(test, feature = "pg_test"))]
+pub mod testing;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// The extension version (SQL objects) this library serves; the worker waits (57P03,
+/// `outdated_schema`) while the extension in `tsoracle.database` is at another one.
+pub const EXTENSION_VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// Set in the worker's process as it starts: its own writes of the durable tables are not
+/// restores, and it is the one process that writes them.
+static IN_WORKER: AtomicBool = AtomicBool::new(false);
+
+/// Called once by the worker, before it connects to its database.
+pub fn mark_worker_process() {
+    IN_WORKER.store(true, Ordering::Relaxed);
+}
+
+/// Whether this process is the tsoracle worker.
+pub fn is_worker_process() -> bool {
+    IN_WORKER.load(Ordering::Relaxed)
+}

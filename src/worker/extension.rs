@@ -1,0 +1,105 @@
+//! Waiting for the extension: the worker serves only once `CREATE EXTENSION tsoracle` (or
+//! `ALTER EXTENSION tsoracle UPDATE`) has made the extension in its database the version this
+//! library serves, with the tables it reads and writes as members.
+
+use super::state::set_phase;
+use crate::pg::EXTENSION_VERSION;
+use crate::shmem::{Phase, Signals, ORACLE};
+use pgrx::bgworkers::BackgroundWorker;
+use pgrx::prelude::*;
+use std::time::Duration;
+
+/// The tables this library reads and writes; each must be a member of the extension.
+const TABLES: [&str; 4] = ["high_water", "seq", "lease", "resolved"];
+
+/// What the worker found of the extension in its database.
+enum ExtensionState {
+    Missing,
+    /// Installed at another version than this library's.
+    Version(String),
+    /// At our version, but the tables in schema tsoracle are not (all) the extension's.
+    Foreign,
+    Ready,
+}
+
+fn extension_state() -> ExtensionState {
+    // Read-only SPI: a transaction that got an xid (pgrx's Spi::get_one asks for one) and
+    // pruned a catalog page would wait for synchronous standbys at commit. Every name is
+    // schema-qualified, and the search_path is pinned anyway.
+    let found = BackgroundWorker::transaction(|| {
+        Spi::connect(|client| {
+            let rows = client.select(
+                "SELECT e.extversion::pg_catalog.text, \
+                        (SELECT pg_catalog.count(*) FROM pg_catalog.pg_depend d \
+                           JOIN pg_catalog.pg_class c ON c.oid = d.objid \
+                           JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
+                          WHERE d.classid = 'pg_catalog.pg_class'::pg_catalog.regclass \
+                            AND d.refclassid = 'pg_catalog.pg_extension'::pg_catalog.regclass \
+                            AND d.refobjid = e.oid AND d.deptype = 'e' \
+                            AND n.nspname = 'tsoracle' AND c.relname = ANY ($1)) \
+                   FROM pg_catalog.pg_extension e WHERE e.extname = 'tsoracle'",
+                None,
+                &[TABLES.map(String::from).to_vec().into()],
+            )?;
+            if rows.is_empty() {
+                return Ok(None);
+            }
+            let (version, members) = rows.first().get_two::<String, i64>()?;
+            Ok::<_, pgrx::spi::Error>(Some((version.unwrap_or_default(), members.unwrap_or(0))))
+        })
+    });
+    match found {
+        Ok(None) => ExtensionState::Missing,
+        Ok(Some((version, _))) if version != EXTENSION_VERSION => ExtensionState::Version(version),
+        Ok(Some((_, members))) if members != TABLES.len() as i64 => ExtensionState::Foreign,
+        Ok(Some(_)) => ExtensionState::Ready,
+        Err(e) => {
+            pgrx::warning!("tsoracle worker could not read pg_extension: {e}");
+            ExtensionState::Missing
+        }
+    }
+}
+
+/// Sleep until `CREATE EXTENSION tsoracle` (or `ALTER EXTENSION tsoracle UPDATE`) has made
+/// the extension in our database the version this library serves. False on shutdown.
+pub(super) fn wait_for_extension(signals: &Signals, database: &str) -> bool {
+    let mut announced = None;
+    loop {
+        let (phase, message) = match extension_state() {
+            ExtensionState::Ready => return true,
+            ExtensionState::Missing => (
+                Phase::WaitingForExtension,
+                format!("tsoracle worker waiting for CREATE EXTENSION tsoracle in database \"{database}\""),
+            ),
+            ExtensionState::Version(v) => (
+                Phase::OutdatedSchema,
+                format!(
+                    "tsoracle: the extension in database \"{database}\" is at version {v}, this library serves {EXTENSION_VERSION}; run ALTER EXTENSION tsoracle UPDATE"
+                ),
+            ),
+            ExtensionState::Foreign => (
+                Phase::Refused,
+                format!(
+                    "the tables in schema tsoracle of database \"{database}\" are not the extension's own; the worker does not touch them"
+                ),
+            ),
+        };
+        if phase == Phase::Refused {
+            ORACLE.exclusive().set_refusal(&message);
+        }
+        set_phase(signals, phase);
+        if announced.as_deref() != Some(message.as_str()) {
+            if phase == Phase::WaitingForExtension {
+                pgrx::log!("{message}");
+            } else {
+                pgrx::warning!("{message}");
+            }
+            announced = Some(message);
+        }
+        // Callers poke the latch, so a fresh CREATE EXTENSION is noticed at once.
+        if !BackgroundWorker::wait_latch(Some(Duration::from_secs(1))) {
+            return false;
+        }
+        pg_sys::check_for_interrupts!();
+    }
+}

@@ -1,0 +1,124 @@
+//! Registration with the postmaster, the worker's start, and its exit.
+
+use super::extension::wait_for_extension;
+use super::serve::Stop;
+use super::settings::{
+    force_settings, note_database_encoding, unsafe_session, warn_if_window_exceeds_ha_ttl,
+};
+use super::state::{refuse, set_phase, Worker};
+use crate::pg::clock;
+use crate::pg::clock::now_ms;
+use crate::pg::guc;
+use crate::shmem::{self, Phase, Reply, ReplyCode, ORACLE, QUEUE};
+use pgrx::bgworkers::{
+    BackgroundWorker, BackgroundWorkerBuilder, BgWorkerStartTime, SignalWakeFlags,
+};
+use pgrx::prelude::*;
+use std::time::Duration;
+use tsoracle_core::lease::LeaseTable;
+
+pub const WORKER_TYPE: &str = "tsoracle worker";
+
+/// Register the worker with the postmaster (from `_PG_init`, while preloading).
+pub fn register() {
+    BackgroundWorkerBuilder::new(WORKER_TYPE)
+        .set_type(WORKER_TYPE)
+        .set_library("tsoracle")
+        .set_function("tsoracle_worker_main")
+        .enable_spi_access()
+        .set_start_time(BgWorkerStartTime::RecoveryFinished)
+        .set_restart_time(Some(Duration::from_secs(1)))
+        .load();
+}
+
+unsafe extern "C-unwind" {
+    /// PostgreSQL's SIGTERM handler for backends (the raw symbol: pgrx's `pg_sys::die` is a
+    /// Rust wrapper, not a signal handler).
+    fn die(postgres_signal_arg: std::ffi::c_int);
+}
+
+#[pg_guard]
+#[unsafe(no_mangle)]
+pub extern "C-unwind" fn tsoracle_worker_main(_arg: pg_sys::Datum) {
+    BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP);
+    // SAFETY: installing this process's own handlers as the worker starts: `die` is
+    // PostgreSQL's SIGTERM handler for backends (in a worker it only sets flags and the
+    // latch), and an ignored SIGINT has no handler.
+    unsafe {
+        // SIGTERM is PostgreSQL's own `die`: it ends a synchronous-replication wait (so a
+        // shutdown never hangs on a missing standby), and `confirm_replicated` then refuses
+        // to serve from that commit.
+        crate::pg::compat::set_signal(libc::SIGTERM, Some(die));
+        // A query cancel ends such a wait too, and leaves no trace afterwards: ignore it.
+        libc::signal(libc::SIGINT, libc::SIG_IGN);
+    }
+
+    let Ok(signals) = shmem::signals() else {
+        pgrx::warning!("tsoracle worker started without shared memory; exiting");
+        return;
+    };
+
+    set_phase(signals, Phase::Starting);
+    ORACLE.exclusive().worker_started_ms = now_ms();
+    let database = guc::database();
+    crate::pg::mark_worker_process();
+    BackgroundWorker::connect_worker_to_spi(Some(&database), None);
+
+    // Requests a previous worker took may or may not have been committed: say so.
+    let waiters = match QUEUE.exclusive() {
+        Ok(mut queue) => queue.queue().fail_taken(Reply::err(ReplyCode::Unknown)),
+        Err(_) => Vec::new(),
+    };
+    shmem::queue::wake_waiters(waiters);
+    signals.broadcast_answers();
+    // SAFETY: plain reads of this process's globals: MyLatch is its PGPROC latch (in shared
+    // memory, so any backend may set it) and MyProcPid its pid. The exit callback is a static
+    // function that uses no argument.
+    unsafe {
+        signals.set_worker(pg_sys::MyLatch, pg_sys::MyProcPid);
+        pg_sys::before_shmem_exit(Some(on_worker_exit), pg_sys::Datum::from(0usize));
+    }
+    force_settings();
+    if let Some(why) = unsafe_session() {
+        refuse(signals, &why);
+        return;
+    }
+    note_database_encoding();
+
+    pgrx::log!("tsoracle worker started (database \"{database}\")");
+    warn_if_window_exceeds_ha_ttl();
+    let mut worker = Worker {
+        signals,
+        leases: LeaseTable::new(),
+        lease_deadlines: std::collections::HashMap::new(),
+        seq_statements: None,
+        // The first publication an interval after the worker starts.
+        resolved_published_mono_ms: clock::mono_ms(),
+    };
+    loop {
+        if !wait_for_extension(signals, &database) {
+            break;
+        }
+        if !worker.fence(0) {
+            return;
+        }
+        match worker.serve() {
+            Stop::Exit => break,
+            Stop::Refence => continue,
+        }
+    }
+    // Exit code 1: the postmaster restarts us unless it is shutting down, so even a stray
+    // pg_terminate_backend() cannot leave the cluster without a worker.
+    // SAFETY: called outside any transaction, with no lock guard alive; proc_exit runs the
+    // exit callbacks and never returns, so what is still in scope is only leaked by a process
+    // that is exiting.
+    unsafe { pg_sys::proc_exit(1) };
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn on_worker_exit(_code: i32, _arg: pg_sys::Datum) {
+    if let Some(signals) = shmem::signals::SIGNALS.get() {
+        signals.set_worker(std::ptr::null_mut(), 0);
+        signals.broadcast();
+    }
+}
