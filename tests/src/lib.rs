@@ -6,12 +6,14 @@
 //! * [`history`]: recorders of client-observed calls and checkers for them: timestamps must be
 //!   unique and respect real-time order ([`History`]); dense per-key blocks must tile their range
 //!   ([`DenseHistory`]).
-//! * [`load`]: N client threads calling a statement in a loop, reconnecting across restarts and
-//!   recording every call in a [`History`].
-//! * [`cluster`]: multi-node helpers for failover tests: a movable primary pointer, a mixed
-//!   timestamp/sequence load that follows it, synchronous standbys, replay waits.
-//! * [`seqlease`]: dense sequences and leases: a `tso_seq`/`tso_seq_batch` load recording a
-//!   [`DenseHistory`], the group-commit counters, `ALTER SYSTEM` + reload.
+//! * [`load`]: the client loads, each N threads reconnecting across restarts: a statement in
+//!   a loop recording every call in a [`History`] ([`Load`]); a `tso_seq`/`tso_seq_batch` load
+//!   recording a [`DenseHistory`] ([`load::SeqLoad`]); a mixed timestamp/sequence load that
+//!   follows a movable primary pointer ([`load::MixedLoad`]).
+//! * [`cluster`]: multi-node helpers for failover tests: synchronous standbys, replay waits,
+//!   promotion (and the primary pointer and mixed load, re-exported from [`load`]).
+//! * [`seqlease`]: dense sequences and leases: their calls, the group-commit counters,
+//!   `ALTER SYSTEM` + reload (and the sequence load, re-exported from [`load`]).
 //! * [`backup`]: `pg_dump`/`pg_restore`/`psql -f` runners (as the postgres OS user), WAL
 //!   archiving and point-in-time recovery, a prober that watches a server during a restore.
 //! * [`tso`]: helpers for the extension's SQL surface (`tso_status()`, `wait_serving`, the
