@@ -21,6 +21,12 @@ BEGIN
     -- two (its first fence after CREATE EXTENSION, a new counter), and ON CONFLICT waits for
     -- it and merges instead of failing the restore on the primary key.
     IF TG_TABLE_NAME = 'high_water' THEN
+        -- While the oracle serves this database, the worker raises the high-water itself
+        -- and this transaction writes (and locks) no row: a restore that stays open for long
+        -- (pg_restore --single-transaction) never holds up the oracle's window extensions.
+        IF tsoracle.raise_restored_high_water((NEW).physical_ms, (NEW).epoch) THEN
+            RETURN NULL;
+        END IF;
         INSERT INTO tsoracle.high_water AS h SELECT (NEW).*
             ON CONFLICT (id) DO UPDATE
             SET physical_ms = GREATEST(h.physical_ms, EXCLUDED.physical_ms),
@@ -36,7 +42,9 @@ BEGIN
         INSERT INTO tsoracle.lease AS l SELECT (NEW).*
             ON CONFLICT (lease_id) DO UPDATE
             SET ts_upper_bound_ms = GREATEST(l.ts_upper_bound_ms, EXCLUDED.ts_upper_bound_ms),
-                expires_at_ms = GREATEST(l.expires_at_ms, EXCLUDED.expires_at_ms);
+                expires_at_ms = GREATEST(l.expires_at_ms, EXCLUDED.expires_at_ms),
+                ts_lower_bound_ms = LEAST(l.ts_lower_bound_ms, EXCLUDED.ts_lower_bound_ms),
+                holds = l.holds OPERATOR(pg_catalog.||) EXCLUDED.holds;
     ELSE
         RETURN NEW;
     END IF;
@@ -45,12 +53,58 @@ END
 $$;
 REVOKE EXECUTE ON FUNCTION tsoracle.merge_restored_row() FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION tsoracle.note_restore() FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION tsoracle.raise_restored_high_water(bigint, bigint) FROM PUBLIC;
+-- ENABLE ALWAYS: in every session, also under session_replication_role = replica, as a logical
+-- subscription's initial copy and apply run: a subscriber merges the rows it receives into its
+-- own instead of failing on their keys.
 CREATE TRIGGER merge_restored_row BEFORE INSERT ON tsoracle.high_water
     FOR EACH ROW EXECUTE FUNCTION tsoracle.merge_restored_row();
 CREATE TRIGGER merge_restored_row BEFORE INSERT ON tsoracle.seq
     FOR EACH ROW EXECUTE FUNCTION tsoracle.merge_restored_row();
 CREATE TRIGGER merge_restored_row BEFORE INSERT ON tsoracle.lease
     FOR EACH ROW EXECUTE FUNCTION tsoracle.merge_restored_row();
+ALTER TABLE tsoracle.high_water ENABLE ALWAYS TRIGGER merge_restored_row;
+ALTER TABLE tsoracle.seq ENABLE ALWAYS TRIGGER merge_restored_row;
+ALTER TABLE tsoracle.lease ENABLE ALWAYS TRIGGER merge_restored_row;
+
+-- A subscriber's apply of an update (session_replication_role = replica, ENABLE REPLICA):
+-- merged as a restored row is, never lowering what this cluster holds, and the worker fences
+-- again above it once the apply commits. The high-water goes through the MVCC update here (the
+-- applying transaction holds its row); the fence raises the window above it.
+CREATE FUNCTION tsoracle.merge_replicated_row() RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM tsoracle.note_restore();
+    IF TG_TABLE_NAME = 'high_water' THEN
+        NEW.id := OLD.id;
+        NEW.physical_ms := GREATEST(NEW.physical_ms, OLD.physical_ms);
+        NEW.epoch := GREATEST(NEW.epoch, OLD.epoch);
+    ELSIF TG_TABLE_NAME = 'seq' THEN
+        NEW.key := OLD.key;
+        NEW.next := GREATEST(NEW.next, OLD.next);
+        NEW.owner := COALESCE(OLD.owner, NEW.owner);
+    ELSIF TG_TABLE_NAME = 'lease' THEN
+        NEW.lease_id := OLD.lease_id;
+        NEW.ts_upper_bound_ms := GREATEST(NEW.ts_upper_bound_ms, OLD.ts_upper_bound_ms);
+        NEW.expires_at_ms := GREATEST(NEW.expires_at_ms, OLD.expires_at_ms);
+        NEW.ts_lower_bound_ms := LEAST(NEW.ts_lower_bound_ms, OLD.ts_lower_bound_ms);
+        NEW.holds := OLD.holds OPERATOR(pg_catalog.||) NEW.holds;
+    END IF;
+    RETURN NEW;
+END
+$$;
+REVOKE EXECUTE ON FUNCTION tsoracle.merge_replicated_row() FROM PUBLIC;
+CREATE TRIGGER merge_replicated_row BEFORE UPDATE ON tsoracle.high_water
+    FOR EACH ROW EXECUTE FUNCTION tsoracle.merge_replicated_row();
+CREATE TRIGGER merge_replicated_row BEFORE UPDATE ON tsoracle.seq
+    FOR EACH ROW EXECUTE FUNCTION tsoracle.merge_replicated_row();
+CREATE TRIGGER merge_replicated_row BEFORE UPDATE ON tsoracle.lease
+    FOR EACH ROW EXECUTE FUNCTION tsoracle.merge_replicated_row();
+ALTER TABLE tsoracle.high_water ENABLE REPLICA TRIGGER merge_replicated_row;
+ALTER TABLE tsoracle.seq ENABLE REPLICA TRIGGER merge_replicated_row;
+ALTER TABLE tsoracle.lease ENABLE REPLICA TRIGGER merge_replicated_row;
 
 -- Only the worker writes tsoracle.resolved: a row written by anyone else would move the
 -- resolved timestamp that standbys serve.
@@ -59,6 +113,11 @@ LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
+    -- Another cluster's resolved timestamp, replicated here (a subscription's copy or apply):
+    -- skipped; this cluster publishes its own.
+    IF pg_catalog.current_setting('session_replication_role') = 'replica' AND TG_LEVEL = 'ROW' THEN
+        RETURN NULL;
+    END IF;
     IF tsoracle.note_restore() THEN
         RAISE EXCEPTION 'only the tsoracle worker writes table %.%', TG_TABLE_SCHEMA, TG_TABLE_NAME
             USING ERRCODE = 'insufficient_privilege';
@@ -69,6 +128,7 @@ $$;
 REVOKE EXECUTE ON FUNCTION tsoracle.only_the_worker() FROM PUBLIC;
 CREATE TRIGGER only_the_worker BEFORE INSERT OR UPDATE OR DELETE ON tsoracle.resolved
     FOR EACH ROW EXECUTE FUNCTION tsoracle.only_the_worker();
+ALTER TABLE tsoracle.resolved ENABLE ALWAYS TRIGGER only_the_worker;
 CREATE TRIGGER only_the_worker_truncate BEFORE TRUNCATE ON tsoracle.resolved
     FOR EACH STATEMENT EXECUTE FUNCTION tsoracle.only_the_worker();
 
@@ -84,8 +144,10 @@ LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
+    -- A subscriber's apply (replica): merge_replicated_row, which fires next, raises the row.
     IF NOT tsoracle.note_restore()
-       OR pg_catalog.current_setting('tsoracle.allow_drop', true) = 'on' THEN
+       OR pg_catalog.current_setting('tsoracle.allow_drop', true) = 'on'
+       OR (TG_OP = 'UPDATE' AND pg_catalog.current_setting('session_replication_role') = 'replica') THEN
         RETURN CASE WHEN TG_OP = 'DELETE' THEN OLD ELSE NEW END;
     END IF;
     RAISE EXCEPTION 'cannot % table %.%: only the tsoracle worker lowers or removes what it holds',
@@ -113,6 +175,13 @@ CREATE TRIGGER keep_what_was_issued BEFORE UPDATE ON tsoracle.lease
     FOR EACH ROW WHEN (NEW.ts_upper_bound_ms < OLD.ts_upper_bound_ms
         OR NEW.expires_at_ms < OLD.expires_at_ms OR NEW.lease_id IS DISTINCT FROM OLD.lease_id)
     EXECUTE FUNCTION tsoracle.keep_what_was_issued();
+-- ENABLE ALWAYS: an UPDATE in any session, also one that sets session_replication_role =
+-- replica, locks the row before it is written and is refused a lowered value. The writes made
+-- in place (a counter's advance, the worker's raise of the high-water) rely on both, and check
+-- that the trigger is so before each write (docs/sequences.md, "The in-place path").
+ALTER TABLE tsoracle.high_water ENABLE ALWAYS TRIGGER keep_what_was_issued;
+ALTER TABLE tsoracle.seq ENABLE ALWAYS TRIGGER keep_what_was_issued;
+ALTER TABLE tsoracle.lease ENABLE ALWAYS TRIGGER keep_what_was_issued;
 CREATE TRIGGER keep_what_was_issued_delete BEFORE DELETE ON tsoracle.high_water
     FOR EACH ROW EXECUTE FUNCTION tsoracle.keep_what_was_issued();
 CREATE TRIGGER keep_what_was_issued_delete BEFORE DELETE ON tsoracle.seq
@@ -126,26 +195,8 @@ CREATE TRIGGER keep_what_was_issued_truncate BEFORE TRUNCATE ON tsoracle.seq
 CREATE TRIGGER keep_what_was_issued_truncate BEFORE TRUNCATE ON tsoracle.lease
     FOR EACH STATEMENT EXECUTE FUNCTION tsoracle.keep_what_was_issued();
 
--- The lock protocol of tso_seq's in-place path (docs/sequences.md): a caller that advances a
--- counter in place holds ROW EXCLUSIVE on tsoracle.seq while it writes; every MVCC writer of
--- the table (the worker, the restore merge, a superuser's statement) first takes SHARE ROW
--- EXCLUSIVE, which waits for those writes and keeps new ones out until it commits. So no
--- statement reads a counter that is then moved under it. Statement-level, before any row is
--- read; COPY fires it too.
-CREATE FUNCTION tsoracle.lock_counters() RETURNS trigger
-LANGUAGE plpgsql
-SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-    LOCK TABLE tsoracle.seq IN SHARE ROW EXCLUSIVE MODE;
-    RETURN NULL;
-END
-$$;
-REVOKE EXECUTE ON FUNCTION tsoracle.lock_counters() FROM PUBLIC;
-CREATE TRIGGER lock_counters BEFORE INSERT OR UPDATE OR DELETE ON tsoracle.seq
-    FOR EACH STATEMENT EXECUTE FUNCTION tsoracle.lock_counters();
-
 REVOKE EXECUTE ON FUNCTION tso_seed(bigint) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION tso_handover() FROM PUBLIC;
 
 -- Predefined roles. Sequences and leases are privileges: grant tsoracle_seq_user to roles
 -- that may create and advance counters, tsoracle_lease_holder to lease holders.
@@ -165,6 +216,10 @@ REVOKE EXECUTE ON FUNCTION tso_lease_release(bigint) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION tso_lease_acquire(text, bigint, integer) TO tsoracle_lease_holder;
 GRANT EXECUTE ON FUNCTION tso_lease_renew(bigint) TO tsoracle_lease_holder;
 GRANT EXECUTE ON FUNCTION tso_lease_release(bigint) TO tsoracle_lease_holder;
+REVOKE EXECUTE ON FUNCTION tso_lease_acquire_bounds(text, bigint, integer) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION tso_lease_renew_bounds(bigint) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION tso_lease_acquire_bounds(text, bigint, integer) TO tsoracle_lease_holder;
+GRANT EXECUTE ON FUNCTION tso_lease_renew_bounds(bigint) TO tsoracle_lease_holder;
 REVOKE EXECUTE ON FUNCTION tso_seq(text, integer) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION tso_seq_batch(text[], integer[]) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION tso_seq_peek(text) FROM PUBLIC;

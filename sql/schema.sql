@@ -42,9 +42,13 @@ CREATE TABLE tsoracle.lease (
     superseded        boolean NOT NULL DEFAULT false,
     granted_at        timestamptz NOT NULL DEFAULT now(),
     renewed_at        timestamptz,
-    owner             regrole
+    owner             regrole,
+    ts_lower_bound_ms bigint,
+    holds             bigint[]
 );
 COMMENT ON TABLE tsoracle.lease IS 'Live tsoracle leases; written only by the worker. Only owner (or a superuser) may renew or release a lease.';
+COMMENT ON COLUMN tsoracle.lease.ts_lower_bound_ms IS 'The lowest millisecond the holder may stamp under its latest grant (NULL: a lease granted before 0.4.0, which stamps from expires_at_ms - ttl_ms).';
+COMMENT ON COLUMN tsoracle.lease.holds IS 'Earlier grants still holding the resolved timestamp, as (lowest stamp, expiry) pairs in milliseconds.';
 SELECT pg_catalog.pg_extension_config_dump('tsoracle.lease', '');
 
 -- The resolved timestamp as the worker last published it (tso_resolved() on a hot standby

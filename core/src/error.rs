@@ -30,6 +30,8 @@ pub enum CoreError {
     SeqOverflow { base: i64, total: u64 },
     #[error("too many sequence keys: at most {max} distinct keys")]
     TooManySeqKeys { max: u64 },
+    #[error("sequence key \"{0}\" is locked by another transaction")]
+    SeqKeyBusy(String),
 
     // Leases.
     #[error("lease holder must be 1 to {max} bytes, got {got}")]

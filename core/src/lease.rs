@@ -12,6 +12,48 @@ use crate::error::CoreError;
 
 pub const MAX_HOLDER_BYTES: usize = 128;
 
+/// Most earlier grants a lease remembers for the resolved timestamp; more are merged (see
+/// [`add_hold`]).
+pub const MAX_HOLDS: usize = 8;
+
+/// An earlier grant (acquire or renewal) of a lease that may still hold the resolved
+/// timestamp: its holder may still be committing rows it stamped from `from_ms` on, until
+/// `until_ms` (the expiry that grant announced), on the server's wall clock and, within the
+/// worker's life, on the monotonic clock (`until_mono_ms`; 0: unknown, for a grant loaded at a
+/// fence).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Hold {
+    pub from_ms: u64,
+    pub until_ms: u64,
+    pub until_mono_ms: u64,
+}
+
+impl Hold {
+    pub fn is_live(&self, wall_ms: u64, mono_ms: u64) -> bool {
+        wall_ms < self.until_ms || mono_ms < self.until_mono_ms
+    }
+}
+
+/// `holds` with `hold` added and those no longer live at (`wall_ms`, `mono_ms`) dropped, in
+/// expiry order, at most [`MAX_HOLDS`]: beyond that the two latest are merged into one that
+/// starts at the earlier `from_ms` and lasts to the later expiry. A merged hold holds at least
+/// as low and as long as the two it replaces, so the resolved timestamp never passes a value a
+/// holder may still commit; the oldest holds keep their own expiry and go first.
+pub fn add_hold(holds: &[Hold], hold: Hold, wall_ms: u64, mono_ms: u64) -> Vec<Hold> {
+    let mut out: Vec<Hold> =
+        holds.iter().copied().chain([hold]).filter(|h| h.is_live(wall_ms, mono_ms)).collect();
+    out.sort_by_key(|h| (h.until_ms, h.until_mono_ms));
+    while out.len() > MAX_HOLDS {
+        let (Some(last), Some(before)) = (out.pop(), out.pop()) else { break };
+        out.push(Hold {
+            from_ms: last.from_ms.min(before.from_ms),
+            until_ms: last.until_ms.max(before.until_ms),
+            until_mono_ms: last.until_mono_ms.max(before.until_mono_ms),
+        });
+    }
+    out
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Lease {
     pub id: i64,
@@ -25,6 +67,12 @@ pub struct Lease {
     /// The role (OID) that acquired it: only that role or a superuser may renew or release
     /// it, or acquire for its holder. 0 = unknown (a lease from before owners existed).
     pub owner: u32,
+    /// The lowest millisecond its holder may stamp under its latest grant (`ts_lower_bound`):
+    /// above every resolved timestamp handed out before that grant became visible.
+    pub stamp_from_ms: u64,
+    /// Earlier grants whose expiry has not passed: their holder may still commit rows
+    /// stamped under them.
+    pub holds: Vec<Hold>,
 }
 
 impl Lease {
@@ -36,6 +84,17 @@ impl Lease {
     /// The holder's current lease: live and not superseded by a higher holder epoch.
     pub fn is_active(&self, now_ms: u64) -> bool {
         self.is_live(now_ms) && !self.superseded
+    }
+
+    /// The first millisecond its holder may still be committing rows in, at (`wall_ms`,
+    /// `mono_ms`): the lowest `from_ms` of its latest grant and of every earlier grant still
+    /// live. The resolved timestamp stays below it while the lease lives.
+    pub fn held_from_ms(&self, wall_ms: u64, mono_ms: u64) -> u64 {
+        self.holds
+            .iter()
+            .filter(|h| h.is_live(wall_ms, mono_ms))
+            .map(|h| h.from_ms)
+            .fold(self.stamp_from_ms, u64::min)
     }
 }
 
@@ -109,7 +168,8 @@ impl LeaseTable {
     }
 
     /// Decide an acquire without changing the table. `new_bound_ms` is the high-water the
-    /// caller has already committed; `new_id` is used only for a new lease.
+    /// caller has already committed; `new_id` is used only for a new lease; `stamp_from_ms`
+    /// is its lowest stamp (see [`Lease::stamp_from_ms`]).
     // The arguments mirror tso_lease_acquire's plus the worker's clock, bound and id; a
     // struct would only wrap them at each of the many call sites (tests included).
     #[allow(clippy::too_many_arguments)]
@@ -122,6 +182,7 @@ impl LeaseTable {
         new_bound_ms: u64,
         new_id: i64,
         owner: u32,
+        stamp_from_ms: u64,
     ) -> Result<AcquireOutcome, CoreError> {
         validate_holder(holder)?;
         let active = self.active_lease(holder, now_ms);
@@ -149,6 +210,8 @@ impl LeaseTable {
                 ttl_ms,
                 superseded: false,
                 owner,
+                stamp_from_ms: stamp_from_ms.min(new_bound_ms),
+                holds: Vec::new(),
             },
             superseded: active.map(|l| l.id),
         })
@@ -175,29 +238,52 @@ impl LeaseTable {
         new_bound_ms: u64,
         new_id: i64,
         owner: u32,
+        stamp_from_ms: u64,
     ) -> Result<AcquireOutcome, CoreError> {
-        let outcome =
-            self.plan_acquire(holder, holder_epoch, ttl_ms, now_ms, new_bound_ms, new_id, owner)?;
+        let outcome = self.plan_acquire(
+            holder,
+            holder_epoch,
+            ttl_ms,
+            now_ms,
+            new_bound_ms,
+            new_id,
+            owner,
+            stamp_from_ms,
+        )?;
         self.apply_acquire(&outcome);
         Ok(outcome)
     }
 
     /// Decide a renewal without changing the table: the lease as it should be stored.
-    /// The bound never goes down (the high-water it comes from never does either).
+    /// The bound never goes down (the high-water it comes from never does either), nor does
+    /// the lowest stamp; the grant it replaces becomes a [`Hold`] until its own expiry
+    /// (`prev_until_mono_ms` on the monotonic clock, 0 if unknown), since its holder may
+    /// still commit rows stamped under it.
     pub fn plan_renew(
         &self,
         id: i64,
         ttl_ms: u64,
-        now_ms: u64,
+        now: (u64, u64),
         new_bound_ms: u64,
+        stamp_from_ms: u64,
+        prev_until_mono_ms: u64,
     ) -> Result<Lease, CoreError> {
+        let (now_ms, mono_ms) = now;
         let lease = self.leases.get(&id).ok_or(CoreError::LeaseNotFound(id))?;
         if !lease.is_active(now_ms) {
             return Err(CoreError::LeaseNotRenewable(id));
         }
+        let previous = Hold {
+            from_ms: lease.stamp_from_ms,
+            until_ms: lease.expires_at_ms,
+            until_mono_ms: prev_until_mono_ms,
+        };
+        let bound = lease.ts_upper_bound_ms.max(new_bound_ms);
         Ok(Lease {
-            ts_upper_bound_ms: lease.ts_upper_bound_ms.max(new_bound_ms),
+            ts_upper_bound_ms: bound,
             expires_at_ms: now_ms.saturating_add(ttl_ms),
+            stamp_from_ms: lease.stamp_from_ms.max(stamp_from_ms).min(bound),
+            holds: add_hold(&lease.holds, previous, now_ms, mono_ms),
             ..lease.clone()
         })
     }
@@ -211,10 +297,13 @@ impl LeaseTable {
         &mut self,
         id: i64,
         ttl_ms: u64,
-        now_ms: u64,
+        now: (u64, u64),
         new_bound_ms: u64,
+        stamp_from_ms: u64,
+        prev_until_mono_ms: u64,
     ) -> Result<Lease, CoreError> {
-        let renewed = self.plan_renew(id, ttl_ms, now_ms, new_bound_ms)?;
+        let renewed =
+            self.plan_renew(id, ttl_ms, now, new_bound_ms, stamp_from_ms, prev_until_mono_ms)?;
         self.apply_renew(&renewed);
         Ok(renewed)
     }
@@ -255,10 +344,22 @@ pub fn acquire_bound_ms(high_water_ms: u64, now_ms: u64, ttl_ms: u64) -> u64 {
         .min(crate::timestamp::MAX_SQL_PHYSICAL_MS)
 }
 
-/// A renewal's bound: `max(high_water, now + ttl)` (a renewal makes no id). However often a
-/// lease is renewed, the high-water ends no further than `now + ttl`.
-pub fn renewal_bound_ms(high_water_ms: u64, now_ms: u64, ttl_ms: u64) -> u64 {
-    high_water_ms.max(now_ms.saturating_add(ttl_ms)).min(crate::timestamp::MAX_SQL_PHYSICAL_MS)
+/// A renewal's bound: `max(high_water, now + ttl, stamp_from)` (a renewal makes no id; its
+/// lowest stamp `stamp_from` must fit under it). However often a lease is renewed, the
+/// high-water ends no further than `now + ttl`, or one past what the oracle has issued.
+pub fn renewal_bound_ms(high_water_ms: u64, now_ms: u64, ttl_ms: u64, stamp_from_ms: u64) -> u64 {
+    high_water_ms
+        .max(now_ms.saturating_add(ttl_ms))
+        .max(stamp_from_ms)
+        .min(crate::timestamp::MAX_SQL_PHYSICAL_MS)
+}
+
+/// A grant's lowest stamp: the millisecond after `issued`, a timestamp the oracle issued once
+/// everything the resolved timestamp had handed out was below it (the worker takes it through
+/// a holder slot, as any caller does): every `R` handed out before the grant becomes visible
+/// is below `issued`, so below the first value of this millisecond.
+pub fn stamp_from_ms(issued: u64) -> u64 {
+    crate::timestamp::physical_ms(issued).saturating_add(1)
 }
 
 /// One live lease as published for the frontier: its bound and when it stops holding the
@@ -271,9 +372,8 @@ pub struct PublishedBound {
     pub bound_ms: u64,
     pub expires_at_ms: u64,
     pub expires_mono_ms: u64,
-    /// The first millisecond its holder may still stamp: the server's clock when the lease
-    /// was granted or last renewed (`expires_at_ms − ttl_ms`). It holds the resolved
-    /// timestamp below it (`crate::resolved`).
+    /// The first millisecond its holder may still be committing rows in
+    /// ([`Lease::held_from_ms`] when published). It holds the resolved timestamp below it.
     pub held_from_ms: u64,
 }
 
@@ -366,7 +466,7 @@ mod tests {
     fn acquire_renew_release() {
         let mut t = LeaseTable::new();
         let AcquireOutcome::New { lease, superseded: None } =
-            t.acquire("w", 1, 100, 1_000, 5_000, 1, 0).unwrap()
+            t.acquire("w", 1, 100, 1_000, 5_000, 1, 0, 0).unwrap()
         else {
             panic!("expected a new lease");
         };
@@ -375,20 +475,20 @@ mod tests {
 
         // Idempotent for the same holder epoch.
         assert_eq!(
-            t.acquire("w", 1, 500, 1_050, 6_000, 2, 0),
+            t.acquire("w", 1, 500, 1_050, 6_000, 2, 0, 0),
             Ok(AcquireOutcome::Existing(lease.clone()))
         );
         assert_eq!(
-            t.acquire("w", 0, 100, 1_050, 6_000, 2, 0),
+            t.acquire("w", 0, 100, 1_050, 6_000, 2, 0, 0),
             Err(CoreError::StaleHolderEpoch { got: 0, active: 1 })
         );
 
-        let renewed = t.renew(1, 200, 1_090, 6_000).unwrap();
+        let renewed = t.renew(1, 200, (1_090, 0), 6_000, 0, 0).unwrap();
         assert_eq!((renewed.expires_at_ms, renewed.ts_upper_bound_ms), (1_290, 6_000));
         // A lower bound never lowers the stored one.
-        assert_eq!(t.renew(1, 200, 1_100, 10).unwrap().ts_upper_bound_ms, 6_000);
-        assert_eq!(t.renew(9, 200, 1_100, 10), Err(CoreError::LeaseNotFound(9)));
-        assert_eq!(t.renew(1, 200, 1_300, 10), Err(CoreError::LeaseNotRenewable(1)));
+        assert_eq!(t.renew(1, 200, (1_100, 0), 10, 0, 0).unwrap().ts_upper_bound_ms, 6_000);
+        assert_eq!(t.renew(9, 200, (1_100, 0), 10, 0, 0), Err(CoreError::LeaseNotFound(9)));
+        assert_eq!(t.renew(1, 200, (1_300, 0), 10, 0, 0), Err(CoreError::LeaseNotRenewable(1)));
 
         assert!(t.release(1).is_some());
         assert!(t.release(1).is_none());
@@ -398,11 +498,11 @@ mod tests {
     #[test]
     fn higher_epoch_supersedes() {
         let mut t = LeaseTable::new();
-        t.acquire("w", 1, 100, 0, 50, 1, 0).unwrap();
-        let out = t.acquire("w", 2, 10, 0, 70, 2, 0).unwrap();
+        t.acquire("w", 1, 100, 0, 50, 1, 0, 0).unwrap();
+        let out = t.acquire("w", 2, 10, 0, 70, 2, 0, 0).unwrap();
         assert!(matches!(out, AcquireOutcome::New { superseded: Some(1), .. }));
         assert!(t.get(1).is_some_and(|l| l.superseded));
-        assert_eq!(t.renew(1, 100, 5, 80), Err(CoreError::LeaseNotRenewable(1)));
+        assert_eq!(t.renew(1, 100, (5, 0), 80, 0, 0), Err(CoreError::LeaseNotRenewable(1)));
         // The superseded lease still holds the frontier until it expires...
         assert_eq!(t.frontier(1_000, 5), 50);
         assert_eq!(t.frontier(1_000, 10), 50);
@@ -415,28 +515,55 @@ mod tests {
     #[test]
     fn expired_active_lease_allows_any_epoch() {
         let mut t = LeaseTable::new();
-        t.acquire("w", 5, 10, 0, 1, 1, 0).unwrap();
-        let out = t.acquire("w", 3, 10, 10, 2, 2, 0).unwrap();
+        t.acquire("w", 5, 10, 0, 1, 1, 0, 0).unwrap();
+        let out = t.acquire("w", 3, 10, 10, 2, 2, 0, 0).unwrap();
         assert!(matches!(out, AcquireOutcome::New { superseded: None, .. }));
     }
 
     #[test]
     fn duplicate_ids_and_plan_has_no_effect() {
         let mut t = LeaseTable::new();
-        t.acquire("a", 1, 10, 0, 1, 1, 0).unwrap();
+        t.acquire("a", 1, 10, 0, 1, 1, 0, 0).unwrap();
         let before = t.clone();
-        assert_eq!(t.plan_acquire("b", 1, 10, 0, 1, 1, 0), Err(CoreError::DuplicateLeaseId(1)));
-        let plan = t.plan_acquire("b", 1, 10, 0, 1, 2, 0).unwrap();
+        assert_eq!(t.plan_acquire("b", 1, 10, 0, 1, 1, 0, 0), Err(CoreError::DuplicateLeaseId(1)));
+        let plan = t.plan_acquire("b", 1, 10, 0, 1, 2, 0, 0).unwrap();
         assert_eq!(t, before);
         t.apply_acquire(&plan);
         assert_eq!(t.len(), 2);
     }
 
     #[test]
+    fn renewals_remember_earlier_grants_until_they_expire() {
+        let mut t = LeaseTable::new();
+        t.acquire("w", 1, 100, 1_000, 5_000, 1, 0, 1_001).unwrap();
+        assert_eq!(t.get(1).unwrap().held_from_ms(1_000, 0), 1_001);
+        // Renewed at 1_030 with a higher lowest stamp: the first grant (stamps from 1_001,
+        // expiring at 1_100) still holds until 1_100, on the wall or the monotonic clock.
+        let renewed = t.renew(1, 100, (1_030, 30), 5_000, 1_031, 100).unwrap();
+        assert_eq!(renewed.stamp_from_ms, 1_031);
+        assert_eq!(renewed.held_from_ms(1_099, 99), 1_001);
+        assert_eq!(renewed.held_from_ms(1_100, 99), 1_001, "the monotonic clock still holds it");
+        assert_eq!(renewed.held_from_ms(1_100, 100), 1_031, "then R may pass it");
+        // A lower stamp never lowers the lease's.
+        assert_eq!(t.renew(1, 100, (1_040, 40), 5_000, 7, 0).unwrap().stamp_from_ms, 1_031);
+        // However often it is renewed, at most MAX_HOLDS are kept, and never less held.
+        for i in 0..50u64 {
+            let now = 1_050 + i;
+            let before = t.get(1).unwrap().clone();
+            let after = t.renew(1, 100, (now, 0), 5_000, now + 1, 0).unwrap();
+            assert!(after.holds.len() <= MAX_HOLDS);
+            // While the grant it replaced lives, the renewal holds R at least as low.
+            for later in now..before.expires_at_ms {
+                assert!(after.held_from_ms(later, 0) <= before.held_from_ms(later, 0));
+            }
+        }
+    }
+
+    #[test]
     fn load_drops_expired() {
         let mut t = LeaseTable::new();
-        t.acquire("a", 1, 10, 0, 1, 1, 0).unwrap();
-        t.acquire("b", 1, 20, 0, 1, 2, 0).unwrap();
+        t.acquire("a", 1, 10, 0, 1, 1, 0, 0).unwrap();
+        t.acquire("b", 1, 20, 0, 1, 2, 0, 0).unwrap();
         let rows: Vec<Lease> = t.iter().cloned().collect();
         let loaded = LeaseTable::load(rows.clone(), 10).unwrap();
         assert_eq!(loaded.iter().map(|l| l.id).collect::<Vec<_>>(), vec![2]);

@@ -4,12 +4,13 @@
 
 pub mod allocator;
 pub mod clock;
-pub mod counter_page;
 pub mod error;
 pub mod fence;
 pub mod lease;
+pub mod locks;
 pub mod queue;
 pub mod resolved;
+pub mod row_page;
 pub mod seq;
 pub mod timestamp;
 pub mod uuid;

@@ -3,7 +3,7 @@
 //! advances each key once by the total of all its pending requests, and every requester
 //! gets its own slice of `[base, base + total)`, in queue order.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use crate::error::CoreError;
 
@@ -63,14 +63,17 @@ pub struct SeqPlan {
 }
 
 /// Plan a group commit. `current` is each existing key's next value (a key not in it is new
-/// and starts at 0); `existing_keys` is how many keys the table holds and `max_keys` the cap.
+/// and starts at 0); `busy` are keys another transaction holds locked, which this group
+/// cannot write; `existing_keys` is how many keys the table holds and `max_keys` the cap.
 /// Batches are taken in queue order; each request gets the block `[start, start + count)`
 /// that follows the previous one of its key, so the blocks of a key tile with no gap and no
-/// overlap. A batch with an entry that would overflow bigint or exceed the key cap fails
-/// whole and moves nothing.
+/// overlap. A batch with an entry on a busy key, or that would overflow bigint or exceed the
+/// key cap, fails whole and moves nothing; the other batches are planned as if it were not
+/// there (one busy key never holds up another).
 pub fn plan_group(
     requests: &[SeqRequest<'_>],
     current: &HashMap<&str, i64>,
+    busy: &HashSet<&str>,
     existing_keys: u64,
     max_keys: u64,
 ) -> SeqPlan {
@@ -92,6 +95,10 @@ pub fn plan_group(
         let mut failure = None;
         for &j in &members {
             let r = &requests[j];
+            if busy.contains(r.key) {
+                failure = Some(CoreError::SeqKeyBusy(r.key.to_string()));
+                break;
+            }
             let base = match staged
                 .get(r.key)
                 .or_else(|| next.get(r.key))
@@ -185,7 +192,7 @@ mod tests {
             SeqRequest { batch: 3, key: "a", count: 3 },
         ];
         let current = HashMap::from([("a", 10)]);
-        let plan = plan_group(&reqs, &current, 1, 100);
+        let plan = plan_group(&reqs, &current, &HashSet::new(), 1, 100);
         assert_eq!(plan.results, vec![Ok(10), Ok(0), Ok(11)]);
         assert_eq!(plan.updates, vec![("a".to_string(), 14), ("b".to_string(), 2)]);
     }
@@ -198,7 +205,7 @@ mod tests {
             SeqRequest { batch: 8, key: "a", count: 1 },
         ];
         let current = HashMap::from([("b", i64::MAX)]);
-        let plan = plan_group(&reqs, &current, 1, 100);
+        let plan = plan_group(&reqs, &current, &HashSet::new(), 1, 100);
         assert!(matches!(plan.results[0], Err(CoreError::SeqOverflow { .. })));
         assert!(matches!(plan.results[1], Err(CoreError::SeqOverflow { .. })));
         assert_eq!(plan.results[2], Ok(0));
@@ -213,10 +220,27 @@ mod tests {
             SeqRequest { batch: 3, key: "new2", count: 1 },
         ];
         let current = HashMap::from([("old", 3)]);
-        let plan = plan_group(&reqs, &current, 2, 3);
+        let plan = plan_group(&reqs, &current, &HashSet::new(), 2, 3);
         assert_eq!(plan.results[0], Ok(3));
         assert_eq!(plan.results[1], Ok(0));
         assert_eq!(plan.results[2], Err(CoreError::TooManySeqKeys { max: 3 }));
+    }
+
+    #[test]
+    fn a_busy_key_fails_its_batches_only() {
+        let reqs = [
+            SeqRequest { batch: 1, key: "a", count: 1 },
+            SeqRequest { batch: 2, key: "b", count: 2 },
+            SeqRequest { batch: 2, key: "a", count: 2 },
+            SeqRequest { batch: 3, key: "a", count: 3 },
+        ];
+        let current = HashMap::from([("a", 10), ("b", 5)]);
+        let plan = plan_group(&reqs, &current, &HashSet::from(["b"]), 2, 100);
+        assert_eq!(plan.results[0], Ok(10));
+        assert_eq!(plan.results[1], Err(CoreError::SeqKeyBusy("b".into())));
+        assert_eq!(plan.results[2], Err(CoreError::SeqKeyBusy("b".into())), "its whole batch");
+        assert_eq!(plan.results[3], Ok(11), "a's blocks tile past the failed batch");
+        assert_eq!(plan.updates, vec![("a".to_string(), 14)]);
     }
 
     mod in_place {
@@ -241,7 +265,7 @@ mod tests {
                     .enumerate()
                     .map(|(i, &count)| SeqRequest { batch: i as u64, key: "k", count })
                     .collect();
-                let plan = plan_group(&requests, &HashMap::new(), 0, 1);
+                let plan = plan_group(&requests, &HashMap::new(), &HashSet::new(), 0, 1);
                 let planned: Vec<i64> = plan.results.into_iter().map(|r| r.unwrap()).collect();
                 prop_assert_eq!(planned, starts);
                 prop_assert_eq!(plan.updates, vec![("k".to_string(), next)]);

@@ -3,8 +3,9 @@
 
 use proptest::prelude::*;
 use proptest::sample::Index;
+use std::collections::HashMap;
 use tsoracle_core::error::CoreError;
-use tsoracle_core::lease::{AcquireOutcome, Lease, LeaseTable};
+use tsoracle_core::lease::{AcquireOutcome, Lease, LeaseTable, MAX_HOLDS};
 
 const HOLDERS: [&str; 3] = ["a", "b", "c"];
 
@@ -60,6 +61,9 @@ struct Model {
     next_id: i64,
     /// Every id ever handed out, to prove ids are never reused.
     ids_ever: Vec<i64>,
+    /// Every earlier grant of each lease, exactly (lowest stamp, expiry): what the table's
+    /// bounded holds must never let the resolved timestamp pass.
+    grants: HashMap<i64, Vec<(u64, u64)>>,
 }
 
 impl Model {
@@ -102,6 +106,8 @@ impl Model {
                 ttl_ms: ttl,
                 superseded: false,
                 owner: 0,
+                stamp_from_ms: self.now.min(self.high_water),
+                holds: Vec::new(),
             },
             superseded: active.map(|a| a.id),
         })
@@ -130,11 +136,21 @@ impl Model {
                         self.high_water,
                         id,
                         0,
+                        self.now,
                     );
                     prop_assert_eq!(&self.table, &before, "plan must not change the table");
                     plan.inspect(|p| self.table.apply_acquire(p))
                 } else {
-                    self.table.acquire(holder, epoch, ttl, self.now, self.high_water, id, 0)
+                    self.table.acquire(
+                        holder,
+                        epoch,
+                        ttl,
+                        self.now,
+                        self.high_water,
+                        id,
+                        0,
+                        self.now,
+                    )
                 };
                 prop_assert_eq!(&got, &want);
                 if let Ok(AcquireOutcome::New { lease, superseded }) = want {
@@ -160,17 +176,30 @@ impl Model {
                     Some(r) => Ok(Lease {
                         expires_at_ms: self.now + ttl,
                         ts_upper_bound_ms: r.ts_upper_bound_ms.max(bound),
+                        stamp_from_ms: r
+                            .stamp_from_ms
+                            .max(self.now)
+                            .min(r.ts_upper_bound_ms.max(bound)),
                         ..r.clone()
                     }),
                 };
+                let previous = self.records.iter().find(|r| r.id == id).cloned();
                 let got = if plan_then_apply {
-                    let plan = self.table.plan_renew(id, ttl, self.now, bound);
+                    let plan = self.table.plan_renew(id, ttl, (self.now, 0), bound, self.now, 0);
                     plan.inspect(|l| self.table.apply_renew(l))
                 } else {
-                    self.table.renew(id, ttl, self.now, bound)
+                    self.table.renew(id, ttl, (self.now, 0), bound, self.now, 0)
                 };
-                prop_assert_eq!(&got, &want);
-                if let Ok(renewed) = want {
+                // The holds are the table's own bookkeeping (checked against every grant below).
+                prop_assert_eq!(
+                    got.clone().map(|l| Lease { holds: Vec::new(), ..l }),
+                    want.clone().map(|l| Lease { holds: Vec::new(), ..l })
+                );
+                if let (Ok(renewed), Some(previous)) = (got, previous) {
+                    self.grants
+                        .entry(id)
+                        .or_default()
+                        .push((previous.stamp_from_ms, previous.expires_at_ms));
                     if let Some(r) = self.records.iter_mut().find(|r| r.id == id) {
                         *r = renewed;
                     }
@@ -242,6 +271,31 @@ impl Model {
             .map_or(self.high_water, |b| b.min(self.high_water));
         prop_assert_eq!(f, want_f);
         prop_assert!(f <= self.high_water);
+        // The resolved timestamp's part: a lease never lets R pass a grant whose expiry has
+        // not passed, at any later moment, however many grants it had; and it remembers at
+        // most MAX_HOLDS.
+        for lease in &got {
+            prop_assert!(lease.holds.len() <= MAX_HOLDS);
+            prop_assert!(lease.stamp_from_ms <= lease.ts_upper_bound_ms);
+            for later in self.now..self.now + 60 {
+                let exact = self
+                    .grants
+                    .get(&lease.id)
+                    .into_iter()
+                    .flatten()
+                    .filter(|&&(_, until)| later < until)
+                    .map(|&(from, _)| from)
+                    .fold(lease.stamp_from_ms, u64::min);
+                prop_assert!(
+                    lease.held_from_ms(later, 0) <= exact,
+                    "lease {} held from {} at {}, above a live grant from {}",
+                    lease.id,
+                    lease.held_from_ms(later, 0),
+                    later,
+                    exact
+                );
+            }
+        }
         Ok(())
     }
 }
@@ -258,6 +312,7 @@ proptest! {
             high_water: 5_000,
             next_id: 1,
             ids_ever: Vec::new(),
+            grants: HashMap::new(),
         };
         for op in &ops {
             m.step(op)?;
@@ -322,11 +377,13 @@ proptest! {
         prop_assert_eq!(bound, (high_water + 1).max(now + ttl));
         let mut hw = bound;
         for _ in 0..renewals {
-            let renewed = renewal_bound_ms(hw, now, ttl);
+            let renewed = renewal_bound_ms(hw, now, ttl, 0);
             prop_assert!(renewed >= hw && renewed >= now + ttl);
             prop_assert_eq!(renewed, hw, "renewing at the same moment moves nothing");
             hw = renewed;
         }
-        prop_assert_eq!(renewal_bound_ms(high_water, now, ttl), high_water.max(now + ttl));
+        prop_assert_eq!(renewal_bound_ms(high_water, now, ttl, 0), high_water.max(now + ttl));
+        // A renewal's lowest stamp always fits under its bound.
+        prop_assert!(renewal_bound_ms(high_water, now, ttl, high_water + 1) > high_water);
     }
 }

@@ -1,7 +1,7 @@
 //! Property tests of sequence validation and group-commit splitting.
 
 use proptest::prelude::*;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use tsoracle_core::error::CoreError;
 use tsoracle_core::seq::{plan_group, validate_count, validate_key, SeqRequest, MAX_SEQ_KEY_BYTES};
 
@@ -60,6 +60,7 @@ proptest! {
             (0..12u64, prop::sample::select(vec!["a", "b", "c", "d", "e"]), 1..=100u64), 0..40),
         near_top in prop::collection::vec(any::<bool>(), 5),
         present in prop::collection::vec(any::<bool>(), 5),
+        locked in prop::collection::vec(prop::bool::weighted(0.2), 5),
         max_keys in 1..8u64,
     ) {
         let names = ["a", "b", "c", "d", "e"];
@@ -70,8 +71,11 @@ proptest! {
             .filter(|(i, _)| present[*i])
             .map(|(i, &k)| (k, if near_top[i] { i64::MAX - 150 } else { 1_000 * i as i64 }))
             .collect();
+        // Keys another transaction holds locked: existing ones, or new ones being inserted.
+        let busy: HashSet<&str> = names.iter().enumerate()
+            .filter(|(i, _)| locked[*i]).map(|(_, &k)| k).collect();
         let existing = current.len() as u64;
-        let plan = plan_group(&requests, &current, existing, max_keys.max(existing));
+        let plan = plan_group(&requests, &current, &busy, existing, max_keys.max(existing));
         let cap = max_keys.max(existing);
         prop_assert_eq!(plan.results.len(), requests.len());
 
@@ -86,6 +90,7 @@ proptest! {
             let mut starts = Vec::new();
             for &j in &members {
                 let r = &requests[j];
+                if busy.contains(r.key) { ok = false; break; }
                 let base = match staged.get(r.key) {
                     Some(&v) => v,
                     None if (staged.len() as u64) < cap => 0,
@@ -106,6 +111,10 @@ proptest! {
                     prop_assert!(plan.results[j].is_err(), "request {} should fail with its batch", j);
                 }
             }
+        }
+        // A busy key is never written, nor any key of a batch that names one.
+        for (k, _) in &plan.updates {
+            prop_assert!(!busy.contains(k.as_str()), "busy key {} written", k);
         }
         // Stored values: exactly the keys that moved, at the model's values.
         let moved: HashMap<&str, i64> = model.iter()

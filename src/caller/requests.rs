@@ -198,6 +198,17 @@ pub fn reply_error(reply: &Reply, what: &str) -> Option<TsoError> {
         ReplyCode::Unknown => {
             Some(TsoError::OutcomeUnknown(format!("the tsoracle worker restarted while committing {what}")))
         }
+        ReplyCode::Failed => Some(TsoError::NotServing(format!(
+            "the tsoracle worker could not commit {what} and rolled it back (the server log says why)"
+        ))),
+        ReplyCode::Busy => Some(TsoError::Busy {
+            what: if reply.table_locked {
+                format!("the table that holds {what}")
+            } else {
+                what.to_string()
+            },
+            blocker: crate::pg::locks::Blocker::decode(reply.value),
+        }),
         _ => None,
     }
 }

@@ -31,3 +31,26 @@ pub fn note() -> bool {
     }
     true
 }
+
+/// A restored (or replicated) high-water row, while this database's oracle serves: have the
+/// worker raise the durable high-water to it (and its epoch) and wait until it has, instead of
+/// writing the row. The restoring transaction then holds no lock on the row, however long it
+/// lasts (`pg_restore --single-transaction`), so window extensions go on. False when the
+/// oracle does not serve here (another database, or the extension made in this same
+/// transaction): the row is merged as it comes, and the fence after the commit goes above it.
+pub fn raise_high_water(physical_ms: i64, epoch: i64) -> Result<bool, crate::pg::error::TsoError> {
+    if crate::pg::is_worker_process() || !crate::pg::catalog::in_worker_database() {
+        return Ok(false);
+    }
+    let signals = shmem::signals()?;
+    if shmem::ORACLE.share().phase != shmem::Phase::Serving {
+        return Ok(false);
+    }
+    let (Ok(ms), Ok(epoch)) = (u64::try_from(physical_ms), u64::try_from(epoch)) else {
+        return Ok(false);
+    };
+    note();
+    signals.request_seed_epoch(epoch);
+    super::window::seed(signals, ms.max(1))?;
+    Ok(true)
+}

@@ -3,38 +3,41 @@
 //! in-place path").
 //!
 //! Vocabulary. *In place*: `next` (and `updated_at`) are overwritten inside the live tuple
-//! of the key's row, under the page's exclusive buffer lock, and the change is logged as a
-//! generic WAL record (`GenericXLog*`, replayed by core PostgreSQL on standbys and in
-//! point-in-time recovery). *MVCC writers*: everything else that writes `tsoracle.seq` (the
-//! worker's group commit, the restore merge, a superuser's statement); each takes
-//! `SHARE ROW EXCLUSIVE` on the table first (the worker explicitly, the others through the
-//! statement trigger `tsoracle.lock_counters`), which conflicts with the `ROW EXCLUSIVE` an
-//! in-place writer holds while it writes. So an MVCC writer never reads a counter that an
-//! in-place writer then moves, and an in-place writer only ever sees committed versions.
+//! of the key's row, under the page's exclusive buffer lock, each with one aligned 8-byte
+//! store, and the change is logged as a generic WAL record (`pg::inplace`, replayed by core
+//! PostgreSQL on standbys and in point-in-time recovery). *MVCC writers*: everything else that
+//! writes `tsoracle.seq` (the worker's group commit, the restore merge, a superuser's
+//! statement). Each of them locks a row before it reads the value it writes back — the worker
+//! with `FOR UPDATE`, the others through the row's `BEFORE UPDATE` trigger, which also refuses
+//! a lowered counter — and an in-place writer leaves alone a row that a running transaction
+//! has locked (`core::row_page`). So an MVCC writer never writes back a counter an in-place
+//! writer has moved since, and one busy key never holds up another.
 //!
-//! The order of one call: lock the table (`ROW EXCLUSIVE`), find the row through the primary
-//! key with a fresh snapshot, lock its buffer exclusively, check that the line pointer still
-//! holds the live version for this key (`tsoracle_core::counter_page`), write, log, unlock
-//! both, then `XLogFlush` the record and wait for synchronous standbys as a commit would
-//! (`SyncRepWaitForLSN`, with the wait mode `synchronous_commit = on` gives). Only then is
+//! The order of one call: lock the table `ROW EXCLUSIVE` without waiting (a DBA's lock on it —
+//! `CREATE INDEX`, `VACUUM FULL`, `LOCK TABLE` — sends the call to the worker, whose own wait
+//! is bounded), check the table's preconditions (`pg::inplace::preconditions`), find the row
+//! through the primary key with a fresh snapshot, lock its buffer exclusively, check that the
+//! line pointer still holds the live, unlocked version for this key, write, log, unlock both,
+//! then flush the record and wait for synchronous standbys as a commit would. Only then is
 //! the block returned. A crash before the flush loses the record, and its block was never
 //! returned; a later block's flush covers every earlier record.
 //!
 //! Anything unusual goes to the worker instead ([`try_advance`] returns `None`): another
 //! database, a key that does not exist yet, a role that may not use the key (the worker
 //! reports it), configured synchronous standbys (the worker's wait for them is bounded),
-//! strict mode, `wal_level = minimal`, extension SQL older than 0.3.0 (no `lock_counters`
-//! trigger yet), a table whose shape is not the one this code reads, a row version that is
-//! not plainly live.
+//! strict mode, `wal_level = minimal`, a table locked by someone else, a table whose trigger
+//! is not `ENABLE ALWAYS`, with an index or a generated column on the columns written or in a
+//! publication, a table whose shape is not the one this code reads, a row version that is not
+//! plainly live, a row another transaction has locked.
 
-use crate::pg::catalog::{counter_table, in_worker_database, once_per_table};
+use crate::pg::catalog::{counter_table, in_worker_database};
 use crate::pg::error::TsoError;
 use crate::pg::guc;
+use crate::pg::inplace::{make_durable, preconditions, row_free, write_logged};
 use pgrx::pg_sys;
 use std::ffi::c_int;
-use std::sync::atomic::AtomicU32;
-use tsoracle_core::counter_page::{counter_tuple, write_counter};
-use tsoracle_core::seq::{block_end, may_return_after_sync_wait};
+use tsoracle_core::row_page::counter_tuple;
+use tsoracle_core::seq::block_end;
 
 /// Whether synchronous standbys are configured, as the server's commits see it
 /// (`WalSndCtl->sync_standbys_status`, which the checkpointer sets on every reload; not the
@@ -56,23 +59,6 @@ fn synchronous_standbys_configured() -> bool {
         || u32::from(status) & pg_sys::SYNC_STANDBY_DEFINED != 0
 }
 
-/// The last counter table found to carry the trigger `lock_counters`.
-static PROTECTED_TABLE: AtomicU32 = AtomicU32::new(0);
-
-/// Whether every MVCC writer of table `relid` other than the worker takes the lock protocol's
-/// `SHARE ROW EXCLUSIVE`: the trigger `tsoracle.lock_counters` exists (SQL 0.3.0). While the
-/// extension's SQL is older (this library serves a database not yet `ALTER EXTENSION …
-/// UPDATE`d), a restore or a superuser's statement could copy a counter that an in-place
-/// writer then moves, so every call goes to the worker.
-fn lock_protocol_installed(relid: pg_sys::Oid) -> bool {
-    once_per_table(&PROTECTED_TABLE, relid, || {
-        // SAFETY: a catalog lookup by relation and name inside the caller's transaction.
-        unsafe {
-            pg_sys::get_trigger_oid(relid, c"lock_counters".as_ptr(), true) != pg_sys::InvalidOid
-        }
-    })
-}
-
 /// Advance `key` by `count` in place, if this call may; `Ok(None)` sends it to the worker.
 pub fn try_advance(key: &str, count: u64) -> Result<Option<i64>, TsoError> {
     // SAFETY: a process-local global set from the server's configuration.
@@ -85,12 +71,15 @@ pub fn try_advance(key: &str, count: u64) -> Result<Option<i64>, TsoError> {
     {
         return Ok(None);
     }
-    let Some(relid) = counter_table().filter(|&relid| lock_protocol_installed(relid)) else {
+    let Some(relid) = counter_table() else {
         return Ok(None);
     };
     // SAFETY: inside the caller's transaction; the lock is released below, or by the
-    // transaction's abort if anything in between raises an error.
-    unsafe { pg_sys::LockRelationOid(relid, pg_sys::RowExclusiveLock as c_int) };
+    // transaction's abort if anything in between raises an error. Never a wait: a table
+    // someone else has locked (or is waiting to lock) goes to the worker.
+    if !unsafe { pg_sys::ConditionalLockRelationOid(relid, pg_sys::RowExclusiveLock as c_int) } {
+        return Ok(None);
+    }
     // SAFETY: the table is locked; every pointer used below comes from PostgreSQL for it.
     let written = unsafe { write_in_place(relid, key, count) };
     // SAFETY: releases the ROW EXCLUSIVE taken above (a lock the transaction held before
@@ -107,9 +96,13 @@ pub fn try_advance(key: &str, count: u64) -> Result<Option<i64>, TsoError> {
             unsafe { pg_sys::pg_usleep((pause * 1000) as std::ffi::c_long) };
         }
     }
-    // SAFETY: flushing WAL up to a position this backend inserted.
-    unsafe { pg_sys::XLogFlush(lsn) };
-    wait_for_synchronous_standbys(lsn, key)?;
+    if make_durable(lsn).is_err() {
+        // A terminate ends the backend here (FATAL); a cancel was consumed by the wait.
+        pgrx::check_for_interrupts!();
+        return Err(TsoError::SyncWaitCancelled(format!(
+            "the block of sequence \"{key}\" is not returned"
+        )));
+    }
     Ok(Some(start))
 }
 
@@ -206,6 +199,9 @@ fn may_use(owner: u32) -> bool {
 unsafe fn locate_and_write(rel: pg_sys::Relation, key: &str, count: u64) -> Option<(i64, u64)> {
     // SAFETY: rel is open.
     let index = unsafe { expected_shape(rel) }?;
+    // next (2) and updated_at (3) are written in place.
+    // SAFETY: rel is open, inside the caller's transaction.
+    unsafe { preconditions(rel, c"keep_what_was_issued", &[2, 3]) }.ok()?;
     // SAFETY: rd_rel is valid for an open relation.
     let (relid, relfilenode) = unsafe { ((*rel).rd_id, (*(*rel).rd_rel).relfilenode) };
     let hint = LAST_LOCATED.with_borrow(|l| {
@@ -256,11 +252,11 @@ unsafe fn write_candidate(
     }
     // SAFETY: the block exists in rel; pinned until released below.
     let buffer = unsafe { pg_sys::ReadBuffer(rel, row.block) };
-    // SAFETY: our own pin; exclusive, as GenericXLogRegisterBuffer requires.
+    // SAFETY: our own pin; exclusive, as a write and its WAL record require.
     unsafe { pg_sys::LockBuffer(buffer, pg_sys::BUFFER_LOCK_EXCLUSIVE as c_int) };
     // SAFETY: rel is open and WAL-logged (permanent, wal_level >= replica: checked by the
     // caller and expected_shape); the buffer is pinned and locked exclusively.
-    let written = unsafe { advance_buffer(rel, buffer, row, key, count) };
+    let written = unsafe { advance_buffer(buffer, row, key, count) };
     // SAFETY: our lock and pin, taken above.
     unsafe { pg_sys::UnlockReleaseBuffer(buffer) };
     written
@@ -311,124 +307,39 @@ unsafe fn found_row(rel: pg_sys::Relation, index: pg_sys::Oid, key: &str) -> Opt
 }
 
 /// Under the exclusive buffer lock: check the live version, write the advanced counter into
-/// the page through generic WAL; the block's start and the record's end position.
+/// the page and log it; the block's start and the record's end position.
 ///
 /// # Safety
-/// `buffer` is a pinned, exclusively locked buffer of `rel`, which is open and WAL-logged.
+/// `buffer` is a pinned, exclusively locked buffer of `tsoracle.seq`, which is open and
+/// WAL-logged.
 unsafe fn advance_buffer(
-    rel: pg_sys::Relation,
     buffer: pg_sys::Buffer,
     row: Candidate,
     key: &str,
     count: u64,
 ) -> Option<(i64, u64)> {
-    // wal_consistency_checking compares a replayed page with the primary's image, hint bits
-    // included, which a delta record does not carry: log the whole page then.
-    // SAFETY: the array is allocated for every resource manager once the setting is parsed
-    // (NULL before that).
-    let full_image = unsafe {
-        let checking = pg_sys::wal_consistency_checking;
-        !checking.is_null() && *checking.add(pg_sys::RmgrIds::RM_GENERIC_ID as usize)
+    // SAFETY: our exclusively locked buffer: nobody else writes the page (not even hint
+    // bits, which need a share lock), so its bytes may be read as a slice until it is dropped
+    // below, before the write.
+    let found = unsafe {
+        let page = std::slice::from_raw_parts(
+            pg_sys::BufferGetPage(buffer).cast::<u8>(),
+            pg_sys::BLCKSZ as usize,
+        );
+        counter_tuple(page, row.block, row.offset, key.as_bytes())
     };
-    let flags = if full_image { pg_sys::GENERIC_XLOG_FULL_IMAGE as c_int } else { 0 };
-    // SAFETY: rel is open; the buffer is locked exclusively, as the generic WAL API requires.
-    // The registered page is a private copy of BLCKSZ bytes until GenericXLogFinish.
-    let (state, page) = unsafe {
-        let state = pg_sys::GenericXLogStart(rel);
-        let page = pg_sys::GenericXLogRegisterBuffer(state, buffer, flags);
-        (state, std::slice::from_raw_parts_mut(page.cast::<u8>(), pg_sys::BLCKSZ as usize))
-    };
+    // The hint bit is not always set yet: row_free asks the commit log. A version of this
+    // very transaction (a superuser who wrote the table first), or one a running transaction
+    // has locked, is never advanced in place.
+    let tuple = found
+        .ok()
+        .filter(|t| t.owner == row.owner && row_free(t.xmin, t.xmin_committed, t.xmax))?;
+    let end = block_end(tuple.next, count).ok()?;
     // SAFETY: a clock read.
     let now = unsafe { pg_sys::GetCurrentTimestamp() };
-    let planned =
-        counter_tuple(page, row.block, row.offset, key.as_bytes()).ok().and_then(|tuple| {
-            // The hint bit is not always set yet: ask the commit log. A version of this very
-            // transaction (a superuser who wrote the table first) is never advanced in place.
-            // SAFETY: xid lookups; the inserter cannot be running (it held SHARE ROW EXCLUSIVE
-            // until it ended) unless it is this transaction.
-            let committed = tuple.xmin_committed
-                || unsafe {
-                    !pg_sys::TransactionIdIsCurrentTransactionId(tuple.xmin.into())
-                        && pg_sys::TransactionIdDidCommit(tuple.xmin.into())
-                };
-            let end = block_end(tuple.next, count).ok()?;
-            (committed && tuple.owner == row.owner).then_some((tuple, end))
-        });
-    let Some((tuple, _)) = planned.filter(|(tuple, end)| write_counter(page, tuple, *end, now))
-    else {
-        // SAFETY: abandons the registered copy; the buffer is unchanged.
-        unsafe { pg_sys::GenericXLogAbort(state) };
-        return None;
-    };
-    // SAFETY: finishes the record for the page registered above (copies it into the buffer,
-    // marks it dirty and sets its LSN, inside a critical section).
-    let lsn = unsafe { pg_sys::GenericXLogFinish(state) };
-    if lsn == 0 {
-        // Not logged (cannot happen for a permanent table at wal_level >= replica): refuse
-        // to serve what could not be made durable. The counter moved: nothing is repeated.
-        TsoError::Internal(format!(
-            "the in-place advance of sequence \"{key}\" was not WAL-logged; its block is a gap"
-        ))
-        .report();
-    }
+    // SAFETY: the buffer is ours, pinned and locked exclusively; the table is permanent and
+    // wal_level >= replica (checked by try_advance and expected_shape); next_at is the
+    // 8-aligned offset of `next` in this page, `updated_at` the 8 bytes after it.
+    let lsn = unsafe { write_logged(buffer, tuple.next_at, &[end, now]) };
     Some((tuple.next, lsn))
-}
-
-/// Wait, as a commit with `synchronous_commit = on` would, for synchronous standbys to
-/// acknowledge `lsn`; whatever the caller's own `synchronous_commit` says.
-fn wait_for_synchronous_standbys(lsn: u64, key: &str) -> Result<(), TsoError> {
-    // A cancel that came in before the wait ends the call here, before it can be lost.
-    pgrx::check_for_interrupts!();
-    // The wait's mode comes from the setting's assign hook (syncrep.c's SyncRepWaitMode),
-    // so the setting is changed through the GUC machinery, at a nesting level of its own, as
-    // for a function's SET clause, and put back right after the wait.
-    // SAFETY: set_config_option and AtEOXact_GUC inside the caller's transaction, with
-    // static NUL-terminated strings; synchronous_commit is a USERSET setting, so any caller
-    // may set it. The wait is for this backend's own WAL position, with interrupts held as
-    // for a commit (HOLD_INTERRUPTS): it reads the cancel and terminate flags itself, ends
-    // without an error on either (a WARNING), and that is checked right after.
-    // At `on` or `remote_apply` (the default is `on`) the wait's mode is already the flush.
-    unsafe {
-        let weaker = pg_sys::synchronous_commit
-            < pg_sys::SyncCommitLevel::SYNCHRONOUS_COMMIT_REMOTE_FLUSH as c_int;
-        let nest = weaker.then(|| pg_sys::NewGUCNestLevel());
-        if weaker {
-            pg_sys::set_config_option(
-                c"synchronous_commit".as_ptr(),
-                c"on".as_ptr(),
-                pg_sys::GucContext::PGC_USERSET,
-                pg_sys::GucSource::PGC_S_SESSION,
-                pg_sys::GucAction::GUC_ACTION_SAVE,
-                true,
-                0,
-                false,
-            );
-        }
-        pg_sys::InterruptHoldoffCount += 1;
-        pg_sys::SyncRepWaitForLSN(lsn, false);
-        pg_sys::InterruptHoldoffCount -= 1;
-        if let Some(nest) = nest {
-            pg_sys::AtEOXact_GUC(true, nest);
-        }
-    }
-    // SAFETY: volatile reads of flags the signal handlers set, and of the acknowledged
-    // flush position in shared memory (WalSndCtl exists whenever a backend runs; an 8-byte
-    // aligned load, never torn; a stale value is lower, which only refuses).
-    let (interrupted, acknowledged) = unsafe {
-        let interrupted = std::ptr::read_volatile(&raw const pg_sys::InterruptPending) != 0
-            || std::ptr::read_volatile(&raw const pg_sys::ProcDiePending) != 0;
-        let ctl = pg_sys::WalSndCtl;
-        let acknowledged = if ctl.is_null() {
-            0
-        } else {
-            std::ptr::read_volatile(&raw const (*ctl).lsn[pg_sys::SYNC_REP_WAIT_FLUSH as usize])
-        };
-        (interrupted, acknowledged)
-    };
-    if may_return_after_sync_wait(lsn, acknowledged, interrupted) {
-        return Ok(());
-    }
-    // A terminate ends the backend here (FATAL); a cancel was consumed by the wait.
-    pgrx::check_for_interrupts!();
-    Err(TsoError::SyncWaitCancelled(format!("the block of sequence \"{key}\" is not returned")))
 }

@@ -168,3 +168,28 @@ fn wait_on<T>(
     unsafe { pg_sys::ConditionVariableCancelSleep() };
     result
 }
+
+/// Have the worker raise the durable high-water to at least `target_ms` (a fence with that
+/// floor) and wait (bounded) until it has; the committed high-water afterwards.
+pub fn seed(signals: &Signals, target_ms: u64) -> Result<u64, TsoError> {
+    let mut last_phase = Phase::Starting;
+    let done = wait_for_worker(signals, || {
+        let st = ORACLE.share();
+        last_phase = st.phase;
+        if st.seeded_ms >= target_ms && st.phase == Phase::Serving {
+            Ok(Some(st.allocator.high_water_ms()))
+        } else {
+            drop(st);
+            signals.request_seed(target_ms);
+            Ok(None)
+        }
+    })?;
+    match done {
+        Some(high_water) => Ok(high_water),
+        None if last_phase != Phase::Serving => Err(not_serving(signals, last_phase)),
+        None => Err(TsoError::WorkerTimeout {
+            waited_ms: guc::extension_timeout_ms(),
+            what: "persist the seed",
+        }),
+    }
+}

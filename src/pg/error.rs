@@ -1,5 +1,6 @@
 //! Errors raised to SQL callers, each with its SQLSTATE and, where a fix exists, a HINT.
 
+use super::locks::Blocker;
 use pgrx::pg_sys;
 use pgrx::{PgLogLevel, PgSqlErrorCode};
 use tsoracle_core::error::CoreError;
@@ -66,6 +67,15 @@ pub enum TsoError {
     #[error("cannot drop {what}: it holds the durable high-water of tsoracle, below which no timestamp may be issued again")]
     DropRefused { what: String, resume_ms: u64 },
 
+    /// A lock the worker or the caller could not get within its bounded wait: another
+    /// transaction (named) holds the key, the lease or the table. Retryable.
+    #[error("{what} is locked by {}", .blocker.describe())]
+    Busy { what: String, blocker: Blocker },
+
+    /// A call that issues a value, a UUID or a block, made in parallel mode (as `nextval()`).
+    #[error("cannot call {0} during a parallel operation")]
+    ParallelMode(&'static str),
+
     #[error("tsoracle internal error: {0}")]
     Internal(String),
 }
@@ -89,6 +99,8 @@ impl TsoError {
             TsoError::DropRefused { .. } => ERRCODE_OBJECT_IN_USE,
             TsoError::PrepareRefused => ERRCODE_FEATURE_NOT_SUPPORTED,
             TsoError::WaitOnItself(_) => ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+            TsoError::Busy { .. } => ERRCODE_LOCK_NOT_AVAILABLE,
+            TsoError::ParallelMode(_) => ERRCODE_INVALID_TRANSACTION_STATE,
             TsoError::Internal(_) => ERRCODE_INTERNAL_ERROR,
         }
     }
@@ -107,7 +119,7 @@ impl TsoError {
             TsoError::TooManyKeys(_) => {
                 Some("Raise tsoracle.max_seq_keys, or reuse existing keys.".into())
             }
-            TsoError::StaleLease(_) => Some("Acquire a new lease with tso_lease_acquire() at a higher holder_epoch.".into()),
+            TsoError::StaleLease(_) => Some("Acquire a new lease with tso_lease_acquire_bounds() at a higher holder_epoch.".into()),
             TsoError::TooManyLeases(_) => Some("Release leases that are no longer used (tso_lease_release).".into()),
             TsoError::OutcomeUnknown(_) => Some(
                 "Check with tso_seq_peek(): a block the worker committed for a caller that left is a gap, never granted again."
@@ -128,6 +140,17 @@ impl TsoError {
             TsoError::DropRefused { resume_ms, .. } => Some(format!(
                 "Dropped, the oracle would start again from the clock after the next restart and could repeat timestamps it already returned. To drop it anyway, a superuser first runs SET tsoracle.allow_drop = on; after CREATE EXTENSION tsoracle, run SELECT tso_seed({resume_ms}) before the server restarts."
             )),
+            TsoError::Busy { blocker, .. } => Some(match blocker {
+                Blocker::Process(pid) => format!(
+                    "Retry the call once process {pid}'s transaction has ended (SELECT state, xact_start, query FROM pg_stat_activity WHERE pid = {pid}; SELECT pg_terminate_backend({pid}) ends it)."
+                ),
+                Blocker::Prepared(_) => "A prepared transaction holds it: COMMIT PREPARED or ROLLBACK PREPARED it (SELECT gid FROM pg_prepared_xacts), then retry the call.".into(),
+                Blocker::Unknown => "Retry the call.".into(),
+            }),
+            TsoError::ParallelMode(_) => Some(
+                "tsoracle's functions that issue values are PARALLEL UNSAFE, as nextval() is: call them outside parallel queries, and do not wrap them in a function marked PARALLEL SAFE."
+                    .into(),
+            ),
             _ => None,
         }
     }
@@ -190,5 +213,16 @@ pub fn check_superuser(what: &str) -> Result<(), TsoError> {
         Ok(())
     } else {
         Err(TsoError::InsufficientPrivilege(format!("only superusers may {what}")))
+    }
+}
+
+/// Refuse `what` (a function that issues a value) in parallel mode: a parallel worker's holder
+/// slot ends before its leader commits, and a parallel worker cannot write or wait for one.
+pub fn refuse_in_parallel_mode(what: &'static str) -> Result<(), TsoError> {
+    // SAFETY: a read of this backend's transaction state, valid inside any SQL call.
+    if unsafe { pg_sys::IsInParallelMode() } {
+        Err(TsoError::ParallelMode(what))
+    } else {
+        Ok(())
     }
 }

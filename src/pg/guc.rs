@@ -26,6 +26,8 @@ static TEST_SEQ_PAUSE_MS: GucSetting<i32> = GucSetting::<i32>::new(0);
 static TEST_SEQ_IN_PLACE_UNDER_SYNC: GucSetting<bool> = GucSetting::<bool>::new(false);
 #[cfg(feature = "clock-fault")]
 static TEST_CLOCK_OFFSET_MS: GucSetting<i32> = GucSetting::<i32>::new(0);
+#[cfg(feature = "clock-fault")]
+static TEST_WORKER_HOLD_KEY: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
 
 pub fn define() {
     GucRegistry::define_string_guc(
@@ -174,6 +176,15 @@ pub fn define() {
         GucFlags::UNIT_MS,
     );
     #[cfg(feature = "clock-fault")]
+    GucRegistry::define_string_guc(
+        c"tsoracle.test_worker_hold_key",
+        c"Test builds only: the worker holds every group that names this sequence key, mid-transaction, until the setting changes.",
+        c"Stands in for a worker stuck in its group commit, for the tests of callers that cancel, time out or leave.",
+        &TEST_WORKER_HOLD_KEY,
+        GucContext::Sighup,
+        GucFlags::default(),
+    );
+    #[cfg(feature = "clock-fault")]
     GucRegistry::define_bool_guc(
         c"tsoracle.test_seq_in_place_under_sync",
         c"Test builds only: let tso_seq() advance in place while synchronous standbys are configured.",
@@ -297,4 +308,10 @@ pub fn test_seq_in_place_under_sync() -> bool {
     return TEST_SEQ_IN_PLACE_UNDER_SYNC.get();
     #[cfg(not(feature = "clock-fault"))]
     false
+}
+
+/// Test builds: the sequence key whose groups the worker holds (see the setting).
+#[cfg(feature = "clock-fault")]
+pub fn test_worker_hold_key() -> Option<String> {
+    TEST_WORKER_HOLD_KEY.get().map(|c| c.to_string_lossy().into_owned()).filter(|k| !k.is_empty())
 }

@@ -15,7 +15,10 @@ pub mod clock;
 pub mod compat;
 pub mod error;
 pub mod guc;
+pub mod inplace;
+pub mod locks;
 pub mod replica;
+pub mod xact;
 
 #[cfg(any(test, feature = "pg_test"))]
 pub mod testing;

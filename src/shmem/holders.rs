@@ -145,3 +145,42 @@ pub fn primary_resolved(signals: &Signals) -> Result<u64, TsoError> {
     let r = tsoracle_core::resolved::resolved(next, held, lease_from);
     Ok(signals.raise_resolved(r))
 }
+
+/// The worker's own holding, while it grants or renews leases: it holds `R` below a timestamp
+/// it takes through its slot exactly as a caller's transaction does, so every `R` handed out
+/// before the grant is visible is below that timestamp, and the grant's lowest stamp (the
+/// millisecond after it, `tsoracle_core::lease::stamp_from_ms`) is above them all. Released
+/// when dropped, once the grant's bounds are published.
+pub struct WorkerHold {
+    slot: &'static HolderSlot,
+    /// The timestamp taken.
+    pub issued: u64,
+}
+
+impl WorkerHold {
+    /// Take one timestamp under the worker's slot; `None` while the window does not serve.
+    pub fn take(signals: &Signals) -> Option<WorkerHold> {
+        let slot = HOLDERS.mine()?;
+        // SAFETY: a plain read of this process's pid.
+        slot.publish(signals.window.next_ts(), unsafe { pg_sys::MyProcPid });
+        // As in a caller's hold: a reader whose fence comes after this one sees the slot; one
+        // whose fence came first read a window `next` at or below what the grant below gets.
+        fence(Ordering::SeqCst);
+        match signals.window.try_grant(clock::now_ms(), 1) {
+            Ok(issued) => {
+                slot.raise_to(issued);
+                Some(WorkerHold { slot, issued })
+            }
+            Err(_) => {
+                slot.clear();
+                None
+            }
+        }
+    }
+}
+
+impl Drop for WorkerHold {
+    fn drop(&mut self) {
+        self.slot.clear();
+    }
+}

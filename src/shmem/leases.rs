@@ -38,6 +38,11 @@ impl LeaseBounds {
         self.live = bounds.live();
     }
 
+    /// What is published now.
+    pub fn entries(&self) -> &[PublishedBound] {
+        &self.entries[..self.len.min(MAX_LEASES)]
+    }
+
     /// The first millisecond a lease still live at `now` may be stamped in.
     pub fn earliest_live_from(&self, now: clock::Sample) -> Option<u64> {
         tsoracle_core::lease::earliest_live_from(

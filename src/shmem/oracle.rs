@@ -126,6 +126,10 @@ unsafe impl PGRXSharedMemory for OracleState {}
 // file's statics has its own, and all start with `tsoracle_`.
 pub static ORACLE: PgLwLock<OracleState> = unsafe { PgLwLock::new(c"tsoracle_oracle") };
 
+/// The refusal after `tso_handover()` (`tso_status().detail`); the function waits for it.
+pub const HANDED_OVER: &str =
+    "handed over by tso_handover(): this server issues nothing more until it restarts";
+
 /// The retryable error for a phase in which nothing is served.
 pub fn not_serving(signals: &Signals, phase: Phase) -> TsoError {
     let why = match phase {

@@ -51,6 +51,11 @@ pub enum ReplyCode {
     Refused,
     /// The worker restarted while holding the request: it may or may not have committed.
     Unknown,
+    /// Another transaction holds the key, the lease or the table locked; `value` names it
+    /// (`pg::locks::Blocker::encode`).
+    Busy,
+    /// The worker's transaction failed and was rolled back (the server log says why).
+    Failed,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -65,6 +70,10 @@ pub struct Request {
     pub name: [u8; NAME_BYTES],
     pub count: u64,
     pub arg: i64,
+    /// A lease grant or renewal asked through the functions of 0.1.0 to 0.3.0, which do not
+    /// return the lowest stamp: its holder stamps from the server's clock at the grant, as
+    /// those versions documented.
+    pub legacy: bool,
 }
 
 impl Request {
@@ -73,7 +82,20 @@ impl Request {
         let mut buf = [0u8; NAME_BYTES];
         let len = name.len().min(NAME_BYTES);
         buf[..len].copy_from_slice(&name.as_bytes()[..len]);
-        Request { kind, batch: 0, role: 0, name_len: len as u8, name: buf, count, arg: 0 }
+        Request {
+            kind,
+            batch: 0,
+            role: 0,
+            name_len: len as u8,
+            name: buf,
+            count,
+            arg: 0,
+            legacy: false,
+        }
+    }
+
+    pub fn legacy(self) -> Self {
+        Request { legacy: true, ..self }
     }
 
     pub fn with_arg(self, arg: i64) -> Self {
@@ -98,10 +120,13 @@ pub struct Reply {
     pub code: ReplyCode,
     /// The block's start, the peeked value, or the lease id.
     pub value: i64,
-    /// Leases: the bound, expiry and epoch granted.
+    /// Leases: the bound, expiry and epoch granted, and the lowest stamp.
     pub bound_ms: i64,
     pub expires_at_ms: i64,
     pub epoch: i64,
+    pub from_ms: i64,
+    /// `Busy`: the table is locked (rather than the key's or the lease's row).
+    pub table_locked: bool,
 }
 
 impl Reply {
@@ -111,6 +136,16 @@ impl Reply {
 
     pub fn err(code: ReplyCode) -> Self {
         Reply { code, ..Reply::default() }
+    }
+
+    /// `Busy`: another transaction (`blocker`) holds the row the request needs locked.
+    pub fn busy(blocker: crate::pg::locks::Blocker) -> Self {
+        Reply { value: blocker.encode(), ..Reply::err(ReplyCode::Busy) }
+    }
+
+    /// `Busy`: `blocker` holds (or waits for) a lock on the whole table.
+    pub fn table_busy(blocker: crate::pg::locks::Blocker) -> Self {
+        Reply { table_locked: true, ..Reply::busy(blocker) }
     }
 }
 

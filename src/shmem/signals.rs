@@ -67,8 +67,12 @@ pub struct Signals {
     worker_pid: AtomicI32,
     /// Set by callers that found the window exhausted; one extension serves them all.
     extension_requested: AtomicBool,
-    /// Highest physical_ms requested by `tso_seed()` and not yet applied.
+    /// Highest physical_ms requested by `tso_seed()` (or a restore) and not yet applied.
     seed_requested_ms: AtomicU64,
+    /// Highest epoch a restored high-water carried, for the next fence.
+    seed_epoch: AtomicU64,
+    /// `tso_handover()` was called: stop serving until the server restarts.
+    handover_requested: AtomicBool,
     /// Set when a restore wrote the durable tables underneath the worker: fence again.
     refence_requested: AtomicBool,
 }
@@ -167,6 +171,27 @@ impl Signals {
 
     pub fn take_seed_request(&self) -> u64 {
         self.seed_requested_ms.swap(0, Ordering::AcqRel)
+    }
+
+    /// A restored high-water's epoch: the next fence takes the epoch at least that high.
+    pub fn request_seed_epoch(&self, epoch: u64) {
+        self.seed_epoch.fetch_max(epoch, Ordering::AcqRel);
+    }
+
+    pub fn seed_epoch(&self) -> u64 {
+        self.seed_epoch.load(Ordering::Acquire)
+    }
+
+    /// Stop serving for a switchover (`tso_handover()`): at once, and for the rest of this
+    /// server's life.
+    pub fn request_handover(&self) {
+        self.window.close();
+        self.handover_requested.store(true, Ordering::Release);
+        self.wake_worker();
+    }
+
+    pub fn handover_requested(&self) -> bool {
+        self.handover_requested.load(Ordering::Acquire)
     }
 
     /// Stop serving at once and have the worker fence again (its durable state changed).
@@ -274,6 +299,8 @@ impl PgSharedMemoryInitialization for SharedSignals {
                     worker_pid: AtomicI32::new(0),
                     extension_requested: AtomicBool::new(false),
                     seed_requested_ms: AtomicU64::new(0),
+                    seed_epoch: AtomicU64::new(0),
+                    handover_requested: AtomicBool::new(false),
                     refence_requested: AtomicBool::new(false),
                 });
                 pg_sys::ConditionVariableInit((*ptr).window_moved.get());

@@ -4,7 +4,7 @@
 
 use crate::caller::requests::{check_storable, reply_error, submit};
 use crate::caller::window::{ensure_primary, wait_for_worker};
-use crate::pg::error::{OrReport, TsoError};
+use crate::pg::error::{refuse_in_parallel_mode, OrReport, TsoError};
 use crate::pg::guc;
 use crate::shmem::{
     self, not_serving, Phase, Reply, ReplyCode, Request, RequestKind, LEASE_BOUNDS, MAX_LEASES,
@@ -39,7 +39,10 @@ fn one_reply(request: Request) -> Result<Reply, TsoError> {
     submit(&[request])?.first().copied().ok_or_else(|| TsoError::Internal("no reply".into()))
 }
 
-/// Acquire (or idempotently get back) the lease of `holder` at `holder_epoch`.
+/// Acquire (or idempotently get back) the lease of `holder` at `holder_epoch`: the function
+/// of 0.1.0 to 0.3.0, which tells no lowest stamp (its holder stamps from the server's clock
+/// at the grant, `expires_at_ms - ttl_ms`). Kept for their SQL; `tso_lease_acquire_bounds`
+/// is the one to use.
 // pgrx derives the result columns from the signature: the TableIterator type is spelled inline.
 #[allow(clippy::type_complexity)]
 #[pg_extern(volatile, parallel_unsafe)]
@@ -56,14 +59,65 @@ fn tso_lease_acquire(
         name!(epoch, i32),
     ),
 > {
-    TableIterator::once(acquire(holder, holder_epoch, ttl_ms).or_report())
+    let g = acquire(holder, holder_epoch, ttl_ms, true, "tso_lease_acquire()").or_report();
+    TableIterator::once((g.lease_id, g.upper, g.expires_at_ms, g.epoch))
+}
+
+/// Acquire (or idempotently get back) the lease of `holder` at `holder_epoch`, with both
+/// bounds: its holder stamps values whose physical part is in `[ts_lower_bound,
+/// ts_upper_bound]`, until `expires_at_ms`. `ts_lower_bound` is above every resolved
+/// timestamp handed out before the lease was granted, and the resolved timestamp stays below
+/// it while this grant lives.
+#[allow(clippy::type_complexity)]
+#[pg_extern(volatile, parallel_unsafe)]
+fn tso_lease_acquire_bounds(
+    holder: Option<&str>,
+    holder_epoch: Option<i64>,
+    ttl_ms: Option<i32>,
+) -> TableIterator<
+    'static,
+    (
+        name!(lease_id, i64),
+        name!(ts_lower_bound, i64),
+        name!(ts_upper_bound, i64),
+        name!(expires_at_ms, i64),
+        name!(epoch, i32),
+    ),
+> {
+    let g = acquire(holder, holder_epoch, ttl_ms, false, "tso_lease_acquire_bounds()").or_report();
+    TableIterator::once((g.lease_id, g.lower, g.upper, g.expires_at_ms, g.epoch))
+}
+
+/// What a grant or renewal gives the holder.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Grant {
+    lease_id: i64,
+    lower: i64,
+    upper: i64,
+    expires_at_ms: i64,
+    epoch: i32,
+}
+
+impl Grant {
+    fn of(reply: &Reply, lease_id: i64) -> Grant {
+        Grant {
+            lease_id,
+            lower: reply.from_ms,
+            upper: reply.bound_ms,
+            expires_at_ms: reply.expires_at_ms,
+            epoch: reply.epoch as i32,
+        }
+    }
 }
 
 fn acquire(
     holder: Option<&str>,
     holder_epoch: Option<i64>,
     ttl_ms: Option<i32>,
-) -> Result<(i64, i64, i64, i32), TsoError> {
+    legacy: bool,
+    what: &'static str,
+) -> Result<Grant, TsoError> {
+    refuse_in_parallel_mode(what)?;
     let holder =
         holder.ok_or_else(|| TsoError::InvalidArgument("holder must not be NULL".into()))?;
     validate_holder(holder)?;
@@ -74,15 +128,16 @@ fn acquire(
         ttl_ms.ok_or_else(|| TsoError::InvalidArgument("ttl_ms must not be NULL".into()))?;
     let ttl = validate_ttl(i64::from(ttl_ms), guc::lease_ttl_min_ms(), guc::lease_ttl_max_ms())?;
     ensure_primary("grant leases")?;
-    let reply =
-        one_reply(Request::new(RequestKind::LeaseAcquire, holder, ttl).with_arg(holder_epoch))?;
+    let request = Request::new(RequestKind::LeaseAcquire, holder, ttl).with_arg(holder_epoch);
+    let reply = one_reply(if legacy { request.legacy() } else { request })?;
     match reply.code {
-        ReplyCode::Ok => Ok((reply.value, reply.bound_ms, reply.expires_at_ms, reply.epoch as i32)),
+        ReplyCode::Ok => Ok(Grant::of(&reply, reply.value)),
         _ => Err(lease_error(&reply, 0, holder)),
     }
 }
 
-/// Re-arm a lease's TTL and advance its bound.
+/// Re-arm a lease's TTL and advance its bound: the function of 0.1.0 to 0.3.0 (see
+/// `tso_lease_acquire`); `tso_lease_renew_bounds` is the one to use.
 // pgrx derives the result columns from the signature: the TableIterator type is spelled inline.
 #[allow(clippy::type_complexity)]
 #[pg_extern(volatile, parallel_unsafe, strict)]
@@ -92,14 +147,37 @@ fn tso_lease_renew(
     'static,
     (name!(ts_upper_bound, i64), name!(expires_at_ms, i64), name!(epoch, i32)),
 > {
-    TableIterator::once(renew(lease_id).or_report())
+    let g = renew(lease_id, true, "tso_lease_renew()").or_report();
+    TableIterator::once((g.upper, g.expires_at_ms, g.epoch))
 }
 
-fn renew(lease_id: i64) -> Result<(i64, i64, i32), TsoError> {
+/// Re-arm a lease's TTL and advance its bounds: from now on its holder stamps at or above the
+/// new `ts_lower_bound`; what it stamped under the previous grant still holds the resolved
+/// timestamp until that grant's own expiry.
+#[allow(clippy::type_complexity)]
+#[pg_extern(volatile, parallel_unsafe, strict)]
+fn tso_lease_renew_bounds(
+    lease_id: i64,
+) -> TableIterator<
+    'static,
+    (
+        name!(ts_lower_bound, i64),
+        name!(ts_upper_bound, i64),
+        name!(expires_at_ms, i64),
+        name!(epoch, i32),
+    ),
+> {
+    let g = renew(lease_id, false, "tso_lease_renew_bounds()").or_report();
+    TableIterator::once((g.lower, g.upper, g.expires_at_ms, g.epoch))
+}
+
+fn renew(lease_id: i64, legacy: bool, what: &'static str) -> Result<Grant, TsoError> {
+    refuse_in_parallel_mode(what)?;
     ensure_primary("renew leases")?;
-    let reply = one_reply(Request::new(RequestKind::LeaseRenew, "", 0).with_arg(lease_id))?;
+    let request = Request::new(RequestKind::LeaseRenew, "", 0).with_arg(lease_id);
+    let reply = one_reply(if legacy { request.legacy() } else { request })?;
     match reply.code {
-        ReplyCode::Ok => Ok((reply.bound_ms, reply.expires_at_ms, reply.epoch as i32)),
+        ReplyCode::Ok => Ok(Grant::of(&reply, lease_id)),
         _ => Err(lease_error(&reply, lease_id, "")),
     }
 }
@@ -111,6 +189,7 @@ fn tso_lease_release(lease_id: i64) {
 }
 
 fn release(lease_id: i64) -> Result<(), TsoError> {
+    refuse_in_parallel_mode("tso_lease_release()")?;
     ensure_primary("release leases")?;
     let reply = one_reply(Request::new(RequestKind::LeaseRelease, "", 0).with_arg(lease_id))?;
     match reply.code {
@@ -151,7 +230,18 @@ mod tests {
     fn acquire_is_durable_idempotent_and_above_the_high_water() {
         let before = ORACLE.share().allocator.high_water_ms() as i64;
         let now = now_ms() as i64;
-        let (id, bound, expires, epoch) = acquire(Some("idem"), Some(1), Some(10_000)).unwrap();
+        // (tso_next() waits for the worker to serve; R is read once it does.)
+        crate::caller::window::next(1).unwrap();
+        let r_before = crate::caller::resolved::current().unwrap();
+        let g = acquire(Some("idem"), Some(1), Some(10_000), false, "t").unwrap();
+        let (id, bound, expires, epoch, from) =
+            (g.lease_id, g.upper, g.expires_at_ms, g.epoch, g.lower);
+        // The lowest stamp: above every R handed out before, within the bound.
+        assert!(
+            tsoracle_core::timestamp::pack(from as u64, 0).unwrap() > r_before,
+            "lowest stamp {from} ms at or below an R already handed out ({r_before})"
+        );
+        assert!(from <= bound);
         // max(high_water + 1, now + ttl): above every earlier bound, and a TTL past the clock.
         assert!(bound > before, "bound {bound} moves past the old high-water {before}");
         assert!(bound >= now + 10_000);
@@ -168,18 +258,17 @@ mod tests {
         .unwrap();
         assert_eq!(row, Some(bound), "the lease record is durable");
         // Same holder and epoch while live: the same lease, no new bound.
-        assert_eq!(
-            acquire(Some("idem"), Some(1), Some(10_000)).unwrap(),
-            (id, bound, expires, epoch)
-        );
+        assert_eq!(acquire(Some("idem"), Some(1), Some(10_000), false, "t").unwrap(), g);
         assert!(tso_safe_frontier() <= bound);
         release(id).unwrap();
     }
 
     #[pg_test]
     fn a_higher_holder_epoch_supersedes_and_a_lower_one_is_55000() {
-        let (old, old_bound, ..) = acquire(Some("sup"), Some(5), Some(10_000)).unwrap();
-        let (new, new_bound, ..) = acquire(Some("sup"), Some(6), Some(10_000)).unwrap();
+        let Grant { lease_id: old, upper: old_bound, .. } =
+            acquire(Some("sup"), Some(5), Some(10_000), false, "t").unwrap();
+        let Grant { lease_id: new, upper: new_bound, .. } =
+            acquire(Some("sup"), Some(6), Some(10_000), false, "t").unwrap();
         assert_ne!(old, new);
         assert!(new_bound > old_bound);
         let superseded = Spi::get_one_with_args::<bool>(
@@ -189,19 +278,21 @@ mod tests {
         .unwrap();
         assert_eq!(superseded, Some(true));
         assert_eq!(
-            sqlstate_of(|| renew(old).or_report()),
+            sqlstate_of(|| renew(old, false, "t").or_report()),
             ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
             "superseded cannot renew"
         );
         assert!(tso_safe_frontier() <= old_bound, "a superseded lease still holds the frontier");
         assert_eq!(
-            sqlstate_of(|| acquire(Some("sup"), Some(4), Some(10_000)).or_report()),
+            sqlstate_of(|| acquire(Some("sup"), Some(4), Some(10_000), false, "t").or_report()),
             ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE
         );
         // A renewal re-arms the TTL from now: its bound covers now + ttl and never goes back
         // (it moves the high-water to max(high_water, now + ttl), so renewals do not stack).
         let before_renew = now_ms() as i64;
-        let (bound, expires, _) = renew(new).unwrap();
+        let Grant { upper: bound, expires_at_ms: expires, lower: from, .. } =
+            renew(new, false, "t").unwrap();
+        assert!(from <= bound, "the lowest stamp fits under the bound");
         assert!(bound >= new_bound, "a renewal never lowers the bound");
         assert!(bound >= before_renew + 10_000, "the bound covers the renewed TTL");
         assert!(expires >= before_renew + 10_000, "the TTL is re-armed from now");
@@ -211,12 +302,12 @@ mod tests {
 
     #[pg_test]
     fn release_is_idempotent_and_unknown_renew_is_p0002() {
-        let (id, ..) = acquire(Some("rel"), Some(1), Some(10_000)).unwrap();
+        let id = acquire(Some("rel"), Some(1), Some(10_000), false, "t").unwrap().lease_id;
         release(id).unwrap();
         release(id).unwrap();
         release(42).unwrap();
-        assert_eq!(sqlstate_of(|| renew(id).or_report()), ERRCODE_NO_DATA_FOUND);
-        assert_eq!(sqlstate_of(|| renew(-1).or_report()), ERRCODE_NO_DATA_FOUND);
+        assert_eq!(sqlstate_of(|| renew(id, false, "t").or_report()), ERRCODE_NO_DATA_FOUND);
+        assert_eq!(sqlstate_of(|| renew(-1, false, "t").or_report()), ERRCODE_NO_DATA_FOUND);
         let gone = Spi::get_one_with_args::<i64>(
             "SELECT count(*) FROM tsoracle.lease WHERE lease_id = $1",
             &[id.into()],
@@ -229,30 +320,32 @@ mod tests {
     fn bad_lease_arguments_are_22023() {
         for ttl in [4_999, 300_001, 0, -1] {
             assert_eq!(
-                sqlstate_of(move || acquire(Some("bad"), Some(1), Some(ttl)).or_report()),
+                sqlstate_of(
+                    move || acquire(Some("bad"), Some(1), Some(ttl), false, "t").or_report()
+                ),
                 ERRCODE_INVALID_PARAMETER_VALUE,
                 "ttl {ttl}"
             );
         }
         assert_eq!(
-            sqlstate_of(|| acquire(Some("bad"), Some(1), None).or_report()),
+            sqlstate_of(|| acquire(Some("bad"), Some(1), None, false, "t").or_report()),
             ERRCODE_INVALID_PARAMETER_VALUE
         );
         assert_eq!(
-            sqlstate_of(|| acquire(Some(""), Some(1), Some(10_000)).or_report()),
+            sqlstate_of(|| acquire(Some(""), Some(1), Some(10_000), false, "t").or_report()),
             ERRCODE_INVALID_PARAMETER_VALUE
         );
         assert_eq!(
-            sqlstate_of(|| acquire(None, Some(1), Some(10_000)).or_report()),
+            sqlstate_of(|| acquire(None, Some(1), Some(10_000), false, "t").or_report()),
             ERRCODE_INVALID_PARAMETER_VALUE
         );
         assert_eq!(
-            sqlstate_of(|| acquire(Some("bad"), None, Some(10_000)).or_report()),
+            sqlstate_of(|| acquire(Some("bad"), None, Some(10_000), false, "t").or_report()),
             ERRCODE_INVALID_PARAMETER_VALUE
         );
         let long = "h".repeat(129);
         assert_eq!(
-            sqlstate_of(move || acquire(Some(&long), Some(1), Some(10_000)).or_report()),
+            sqlstate_of(move || acquire(Some(&long), Some(1), Some(10_000), false, "t").or_report()),
             ERRCODE_INVALID_PARAMETER_VALUE
         );
     }

@@ -4,7 +4,7 @@
 
 use crate::caller::requests::{check_storable, reply_error, submit};
 use crate::caller::window::ensure_primary;
-use crate::pg::error::{OrReport, TsoError};
+use crate::pg::error::{refuse_in_parallel_mode, OrReport, TsoError};
 use crate::pg::guc;
 use crate::shmem::{Reply, ReplyCode, Request, RequestKind};
 use pgrx::prelude::*;
@@ -43,6 +43,7 @@ fn start_of(key: &str, count: u64, reply: Reply) -> Result<i64, TsoError> {
 }
 
 fn advance(key: Option<&str>, count: Option<i32>) -> Result<i64, TsoError> {
+    refuse_in_parallel_mode("tso_seq()")?;
     let key = checked_key(key)?;
     let count = checked_count(count)?;
     ensure_primary("advance a sequence")?;
@@ -74,6 +75,7 @@ fn batch(
     keys: Option<Vec<Option<String>>>,
     counts: Option<Vec<Option<i32>>>,
 ) -> Result<Vec<(String, i64, i32)>, TsoError> {
+    refuse_in_parallel_mode("tso_seq_batch()")?;
     let (Some(keys), Some(counts)) = (keys, counts) else {
         return Err(TsoError::InvalidArgument("keys and counts must not be NULL".into()));
     };
@@ -119,6 +121,7 @@ fn tso_seq_peek(key: Option<&str>) -> Option<i64> {
 }
 
 fn peek(key: Option<&str>) -> Result<Option<i64>, TsoError> {
+    refuse_in_parallel_mode("tso_seq_peek()")?;
     let key = checked_key(key)?;
     ensure_primary("read a sequence")?;
     let reply = one_reply(Request::new(RequestKind::SeqPeek, key, 0))?;
@@ -144,6 +147,7 @@ fn tso_seq_drop(key: Option<&str>) -> bool {
 }
 
 fn drop_key(key: Option<&str>) -> Result<bool, TsoError> {
+    refuse_in_parallel_mode("tso_seq_drop()")?;
     let key = checked_key(key)?;
     ensure_primary("drop a sequence")?;
     let reply = one_reply(Request::new(RequestKind::SeqDrop, key, 0))?;

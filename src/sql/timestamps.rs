@@ -3,9 +3,9 @@
 //! `worker` and the pure core.
 
 use crate::caller::window;
-use crate::pg::error::{check_superuser, OrReport, TsoError};
+use crate::pg::error::{check_superuser, refuse_in_parallel_mode, OrReport, TsoError};
 use crate::pg::guc;
-use crate::shmem::{self, ORACLE};
+use crate::shmem::{self, oracle::HANDED_OVER, ORACLE};
 use pgrx::prelude::*;
 use tsoracle_core::timestamp;
 
@@ -15,13 +15,19 @@ const PG_EPOCH_OFFSET_US: i64 = 946_684_800_000_000;
 /// The next timestamp: strictly greater than every one issued before it.
 #[pg_extern]
 fn tso_next() -> i64 {
-    window::next(1).map(timestamp::to_sql).or_report()
+    refuse_in_parallel_mode("tso_next()")
+        .and_then(|()| window::next(1))
+        .map(timestamp::to_sql)
+        .or_report()
 }
 
 /// The first of `count` consecutive timestamps `[first, first + count)`, all in one millisecond.
 #[pg_extern]
 fn tso_next_batch(count: i32) -> i64 {
-    window::next(i64::from(count)).map(timestamp::to_sql).or_report()
+    refuse_in_parallel_mode("tso_next_batch()")
+        .and_then(|()| window::next(i64::from(count)))
+        .map(timestamp::to_sql)
+        .or_report()
 }
 
 fn checked_ts(ts: i64) -> u64 {
@@ -97,6 +103,7 @@ fn tso_seed(physical_ms: i64) -> i64 {
 }
 
 fn seed(physical_ms: i64) -> Result<i64, TsoError> {
+    refuse_in_parallel_mode("tso_seed()")?;
     let signals = shmem::signals()?;
     check_superuser("call tso_seed()")?;
     window::ensure_primary("seed the high-water")?;
@@ -109,26 +116,34 @@ fn seed(physical_ms: i64) -> Result<i64, TsoError> {
                 timestamp::MAX_SQL_PHYSICAL_MS
             ))
         })?;
-    let mut last_phase = shmem::Phase::Starting;
+    window::seed(signals, target).map(|high_water| high_water as i64)
+}
+
+/// Stop this server's oracle for a switchover to another cluster (docs/operations/
+/// logical-replication.md): it issues nothing more — no timestamp, block or lease — until the
+/// server restarts, and the high-water no longer moves. Returns that high-water (ms): every
+/// value issued here is at or below it; `SELECT tso_seed(...)` on the new cluster continues
+/// above it. Superuser only.
+#[pg_extern(volatile, parallel_unsafe)]
+fn tso_handover() -> i64 {
+    handover().or_report()
+}
+
+fn handover() -> Result<i64, TsoError> {
+    refuse_in_parallel_mode("tso_handover()")?;
+    let signals = shmem::signals()?;
+    check_superuser("call tso_handover()")?;
+    window::ensure_primary("hand over")?;
+    signals.request_handover();
     let done = window::wait_for_worker(signals, || {
         let st = ORACLE.share();
-        last_phase = st.phase;
-        if st.seeded_ms >= target && st.phase == shmem::Phase::Serving {
-            Ok(Some(st.allocator.high_water_ms()))
-        } else {
-            drop(st);
-            signals.request_seed(target);
-            Ok(None)
-        }
+        Ok((st.phase == shmem::Phase::Refused && st.refusal().as_deref() == Some(HANDED_OVER))
+            .then_some(st.max_committed_ms))
     })?;
-    match done {
-        Some(high_water) => Ok(high_water as i64),
-        None if last_phase != shmem::Phase::Serving => Err(shmem::not_serving(signals, last_phase)),
-        None => Err(TsoError::WorkerTimeout {
-            waited_ms: guc::extension_timeout_ms(),
-            what: "persist the seed",
-        }),
-    }
+    done.map(|ms| ms as i64).ok_or(TsoError::WorkerTimeout {
+        waited_ms: guc::extension_timeout_ms(),
+        what: "confirm the handover",
+    })
 }
 
 #[cfg(any(test, feature = "pg_test"))]

@@ -4,7 +4,7 @@
 //! `uuid` — is the oracle's order, across every backend, restarts, crashes and failover.
 
 use crate::caller::window;
-use crate::pg::error::{OrReport, TsoError};
+use crate::pg::error::{refuse_in_parallel_mode, OrReport, TsoError};
 use pgrx::prelude::*;
 use pgrx::Uuid;
 use tsoracle_core::timestamp;
@@ -29,7 +29,10 @@ fn uuid_of(ts: u64) -> Result<Uuid, TsoError> {
 /// before it on this cluster.
 #[pg_extern]
 fn tso_next_uuid() -> Uuid {
-    window::next(1).and_then(uuid_of).or_report()
+    refuse_in_parallel_mode("tso_next_uuid()")
+        .and_then(|()| window::next(1))
+        .and_then(uuid_of)
+        .or_report()
 }
 
 /// The UUIDv7 of timestamp `ts` (its last 56 bits random).

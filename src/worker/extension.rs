@@ -3,6 +3,7 @@
 //! library serves, with the tables it reads and writes as members.
 
 use super::state::set_phase;
+use crate::pg::xact::transaction;
 use crate::pg::EXTENSION_VERSION;
 use crate::shmem::{Phase, Signals, ORACLE};
 use pgrx::bgworkers::BackgroundWorker;
@@ -26,7 +27,7 @@ fn extension_state() -> ExtensionState {
     // Read-only SPI: a transaction that got an xid (pgrx's Spi::get_one asks for one) and
     // pruned a catalog page would wait for synchronous standbys at commit. Every name is
     // schema-qualified, and the search_path is pinned anyway.
-    let found = BackgroundWorker::transaction(|| {
+    let found = transaction(|| {
         Spi::connect(|client| {
             let rows = client.select(
                 "SELECT e.extversion::pg_catalog.text, \
@@ -48,6 +49,15 @@ fn extension_state() -> ExtensionState {
             Ok::<_, pgrx::spi::Error>(Some((version.unwrap_or_default(), members.unwrap_or(0))))
         })
     });
+    // A catalog read that failed (a lock held on a catalog past the worker's lock_timeout) is
+    // read again a second later, as if the extension were not there yet.
+    let found = match found {
+        Ok(found) => found,
+        Err(e) => {
+            pgrx::warning!("tsoracle worker could not read pg_extension: {e}");
+            return ExtensionState::Missing;
+        }
+    };
     match found {
         Ok(None) => ExtensionState::Missing,
         Ok(Some((version, _))) if version != EXTENSION_VERSION => ExtensionState::Version(version),

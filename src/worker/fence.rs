@@ -1,9 +1,11 @@
 //! The failover fence: nothing is served until a bound above every earlier one is durable.
 
-use super::leases::purge_horizon;
+use super::high_water::{self, RaiseError};
+use super::leases::{holds_from_sql, purge_horizon};
 use super::state::{log_clock_step, refuse, strict_mode_refusal, Worker};
 use crate::pg::clock::{self, now_ms};
 use crate::pg::guc;
+use crate::pg::xact::{subtransaction, transaction};
 use crate::shmem::{Phase, ORACLE};
 use pgrx::bgworkers::BackgroundWorker;
 use pgrx::prelude::*;
@@ -26,6 +28,18 @@ impl Worker {
                 return false;
             }
             pg_sys::check_for_interrupts!();
+        }
+    }
+
+    /// The fence cannot write now: say why (tso_status().detail, and the log once a minute).
+    fn fence_blocked(&mut self, why: &str) {
+        let text = format!("the fence is waiting: {why}");
+        ORACLE.exclusive().set_refusal(&text);
+        self.signals.broadcast();
+        let now = clock::mono_ms();
+        if now.saturating_sub(self.extension_warned_mono_ms) >= 60_000 {
+            self.extension_warned_mono_ms = now;
+            pgrx::warning!("tsoracle: {text}; retrying");
         }
     }
 
@@ -54,58 +68,26 @@ impl Worker {
         // only once it has (BgWorkerStart_RecoveryFinished) and it never starts again while
         // the server runs, so the insertion timeline no longer changes.
         let timeline = unsafe { pg_sys::GetWALInsertionTimeLine() };
-        let commit_started = clock::sample();
-        let advance = guc::failover_advance_ms();
-        let fenced = BackgroundWorker::transaction(|| {
-            // No row only before the very first fence; a failed read is never taken for one.
-            let (prior, prior_epoch) = Spi::connect(|client| {
-                let rows = client.select(
-                    "SELECT physical_ms, epoch FROM tsoracle.high_water WHERE id",
-                    None,
-                    &[],
-                )?;
-                if rows.is_empty() {
-                    Ok((None, None))
-                } else {
-                    rows.first().get_two::<i64, i64>()
+        // A fence that cannot write now (a lock held on the table, a rewrite in progress)
+        // tries again until it can; nothing is served meanwhile, and tso_status() says why.
+        let (commit_started, fenced) = loop {
+            let commit_started = clock::sample();
+            let epoch = u64::from(timeline).max(self.signals.seed_epoch());
+            match transaction(|| fence_transaction(remembered_ms, min_floor_ms, epoch)) {
+                Ok(Ok(fenced)) => break (commit_started, fenced),
+                Ok(Err(FenceError::TopOfRange(why))) => {
+                    refuse(self.signals, &why);
+                    return false;
                 }
-            })
-            .unwrap_or_else(|e| pgrx::error!("tsoracle fence could not read the high-water: {e}"));
-            let prior = prior.unwrap_or(0).max(0) as u64;
-            // A row written on an older timeline: this server was promoted since.
-            let promoted = prior_epoch.is_some_and(|e| e < i64::from(timeline));
-            crate::pg::replica::warn_if_unprotected();
-            let now = now_ms();
-            let Ok(floor_ms) = fence::floor_ms(prior, remembered_ms, now, min_floor_ms) else {
-                return Err(format!(
-                    "the durable high-water ({prior} ms) is at the top of the timestamp range: no timestamp can be issued above it"
-                ));
-            };
-            let requested = fence::request_ms(floor_ms, advance);
-            let (actual, epoch) = Spi::get_two_with_args::<i64, i64>(
-                "INSERT INTO tsoracle.high_water AS h (id, physical_ms, epoch) VALUES (true, $1, $2) \
-                 ON CONFLICT (id) DO UPDATE SET physical_ms = GREATEST(h.physical_ms, EXCLUDED.physical_ms), \
-                     epoch = GREATEST(h.epoch, EXCLUDED.epoch), updated_at = pg_catalog.now() \
-                 RETURNING physical_ms, epoch",
-                &[(requested as i64).into(), i64::from(timeline).into()],
-            )
-            .unwrap_or_else(|e| pgrx::error!("tsoracle fence could not persist the high-water: {e}"));
-            let leases = load_leases(now);
-            Ok((
-                floor_ms,
-                actual.unwrap_or(0).max(0) as u64,
-                epoch.unwrap_or(0).max(0) as u64,
-                leases,
-                promoted,
-            ))
-        });
-        let (floor_ms, high_water_ms, epoch, leases, promoted) = match fenced {
-            Ok(fenced) => fenced,
-            Err(why) => {
-                refuse(self.signals, &why);
+                Ok(Err(FenceError::Retry(why))) => self.fence_blocked(&why),
+                Err(e) => self.fence_blocked(&e.to_string()),
+            }
+            if !BackgroundWorker::wait_latch(Some(std::time::Duration::from_millis(200))) {
                 return false;
             }
+            pg_sys::check_for_interrupts!();
         };
+        let Fenced { floor_ms, high_water_ms, epoch, leases, promoted } = fenced;
         // Committed (and flushed, and replicated where synchronous standbys are required).
         crate::pg::replica::confirm_replicated();
         self.signals.confirm_until(commit_started, guc::window_ahead_ms());
@@ -153,39 +135,139 @@ impl Worker {
     }
 }
 
+/// What one fence commits.
+struct Fenced {
+    floor_ms: u64,
+    high_water_ms: u64,
+    epoch: u64,
+    leases: LeaseTable,
+    promoted: bool,
+}
+
+enum FenceError {
+    /// Nothing can ever be issued above the durable high-water.
+    TopOfRange(String),
+    /// Not now: a lock, a rewrite, a table being restored.
+    Retry(String),
+}
+
+/// The fence's transaction: read the high-water, write a bound above it at this timeline (in
+/// place, or through MVCC; the very first fence inserts the row), load the leases.
+/// `epoch` is the timeline the fence runs on, or a higher one a restore brought.
+fn fence_transaction(
+    remembered_ms: u64,
+    min_floor_ms: u64,
+    epoch: u64,
+) -> Result<Fenced, FenceError> {
+    let advance = guc::failover_advance_ms();
+    let now = now_ms();
+    let floor = |prior: u64| {
+        fence::floor_ms(prior, remembered_ms, now, min_floor_ms).map_err(|_| {
+            format!(
+                "the durable high-water ({prior} ms) is at the top of the timestamp range: no timestamp can be issued above it"
+            )
+        })
+    };
+    let plan =
+        |prior: u64, _epoch: u64| floor(prior).map(|f| (fence::request_ms(f, advance), epoch));
+    let raised = match high_water::write(&plan) {
+        Ok(raised) => raised,
+        Err(RaiseError::Refused(why)) => return Err(FenceError::TopOfRange(why)),
+        Err(RaiseError::Unavailable(why)) => return Err(FenceError::Retry(why)),
+        // No row: the very first fence after CREATE EXTENSION.
+        Err(RaiseError::NotOurs) => first_row(&plan)?,
+    };
+    let floor_ms = floor(raised.prior_ms).map_err(FenceError::TopOfRange)?;
+    // A row written on an older timeline: this server was promoted since.
+    let promoted = raised.prior_epoch > 0 && raised.prior_epoch < epoch;
+    // Only a warning: a failure to read pg_stat_replication never holds up the fence.
+    let _ = subtransaction(crate::pg::replica::warn_if_unprotected);
+    let leases = load_leases(now)?;
+    Ok(Fenced {
+        floor_ms,
+        high_water_ms: raised.physical_ms,
+        epoch: raised.epoch,
+        leases,
+        promoted,
+    })
+}
+
+/// The first fence's insert of the row (an upsert: a restore may insert it at the same time).
+fn first_row(plan: high_water::Plan<'_>) -> Result<high_water::Raised, FenceError> {
+    let (requested, timeline) = plan(0, 0).map_err(FenceError::TopOfRange)?;
+    let written = subtransaction(|| {
+        Spi::get_two_with_args::<i64, i64>(
+            "INSERT INTO tsoracle.high_water AS h (id, physical_ms, epoch) VALUES (true, $1, $2) \
+             ON CONFLICT (id) DO UPDATE SET physical_ms = GREATEST(h.physical_ms, EXCLUDED.physical_ms), \
+                 epoch = GREATEST(h.epoch, EXCLUDED.epoch), updated_at = pg_catalog.now() \
+             RETURNING physical_ms, epoch",
+            &[(requested as i64).into(), (timeline as i64).into()],
+        )
+    });
+    match written {
+        Ok(Ok((Some(ms), Some(epoch)))) => Ok(high_water::Raised {
+            prior_ms: 0,
+            prior_epoch: 0,
+            physical_ms: ms.max(0) as u64,
+            epoch: epoch.max(0) as u64,
+        }),
+        Ok(other) => Err(FenceError::Retry(format!("could not insert the high-water: {other:?}"))),
+        Err(e) => Err(FenceError::Retry(format!("could not insert the high-water: {e}"))),
+    }
+}
+
 /// The durable leases, without those expired longer than the retention (deleted here).
 /// Holders are read as UTF-8 bytes, so that no row can make the fence fail.
-fn load_leases(now_ms: u64) -> LeaseTable {
+fn load_leases(now_ms: u64) -> Result<LeaseTable, FenceError> {
     let horizon = purge_horizon(now_ms);
-    Spi::run_with_args(
-        "DELETE FROM tsoracle.lease WHERE expires_at_ms OPERATOR(pg_catalog.<=) $1",
-        &[(horizon as i64).into()],
-    )
-    .unwrap_or_else(|e| pgrx::error!("tsoracle could not delete expired leases: {e}"));
-    let rows = Spi::connect(|client| {
-        client
-            .select(
-                "SELECT lease_id, pg_catalog.convert_to(holder, 'UTF8'), holder_epoch, ts_upper_bound_ms, \
-                        expires_at_ms, ttl_ms, superseded, owner::pg_catalog.oid::pg_catalog.int8 \
-                 FROM tsoracle.lease ORDER BY lease_id",
-                None,
-                &[],
-            )?
-            .map(|row| {
-                Ok(Lease {
-                    id: row.get::<i64>(1)?.unwrap_or(0),
-                    holder: String::from_utf8_lossy(&row.get::<Vec<u8>>(2)?.unwrap_or_default()).into_owned(),
-                    holder_epoch: row.get::<i64>(3)?.unwrap_or(0),
-                    ts_upper_bound_ms: row.get::<i64>(4)?.unwrap_or(0).max(0) as u64,
-                    expires_at_ms: row.get::<i64>(5)?.unwrap_or(0).max(0) as u64,
-                    ttl_ms: row.get::<i64>(6)?.unwrap_or(0).max(0) as u64,
-                    superseded: row.get::<bool>(7)?.unwrap_or(false),
-                    owner: u32::try_from(row.get::<i64>(8)?.unwrap_or(0)).unwrap_or(0),
+    // A purge that cannot run now (a row locked) waits for the worker's next one.
+    let _ = subtransaction(|| {
+        Spi::run_with_args(
+            "DELETE FROM tsoracle.lease WHERE expires_at_ms OPERATOR(pg_catalog.<=) $1",
+            &[(horizon as i64).into()],
+        )
+    });
+    let rows = subtransaction(|| {
+        Spi::connect(|client| {
+            client
+                .select(
+                    "SELECT lease_id, pg_catalog.convert_to(holder, 'UTF8'), holder_epoch, ts_upper_bound_ms, \
+                            expires_at_ms, ttl_ms, superseded, owner::pg_catalog.oid::pg_catalog.int8, \
+                            ts_lower_bound_ms, holds \
+                     FROM tsoracle.lease ORDER BY lease_id",
+                    None,
+                    &[],
+                )?
+                .map(|row| {
+                    let expires_at_ms = row.get::<i64>(5)?.unwrap_or(0).max(0) as u64;
+                    let ttl_ms = row.get::<i64>(6)?.unwrap_or(0).max(0) as u64;
+                    Ok(Lease {
+                        id: row.get::<i64>(1)?.unwrap_or(0),
+                        holder: String::from_utf8_lossy(&row.get::<Vec<u8>>(2)?.unwrap_or_default())
+                            .into_owned(),
+                        holder_epoch: row.get::<i64>(3)?.unwrap_or(0),
+                        ts_upper_bound_ms: row.get::<i64>(4)?.unwrap_or(0).max(0) as u64,
+                        expires_at_ms,
+                        ttl_ms,
+                        superseded: row.get::<bool>(7)?.unwrap_or(false),
+                        owner: u32::try_from(row.get::<i64>(8)?.unwrap_or(0)).unwrap_or(0),
+                        // A lease granted before 0.4.0: its holder stamps from its grant's clock.
+                        stamp_from_ms: row
+                            .get::<i64>(9)?
+                            .map_or(expires_at_ms.saturating_sub(ttl_ms), |v| v.max(0) as u64),
+                        holds: holds_from_sql(
+                            &row.get::<Vec<Option<i64>>>(10)?.unwrap_or_default(),
+                        ),
+                    })
                 })
-            })
-            .collect::<Result<Vec<Lease>, pgrx::spi::Error>>()
-    })
-    .unwrap_or_else(|e| pgrx::error!("tsoracle could not load the leases: {e}"));
+                .collect::<Result<Vec<Lease>, pgrx::spi::Error>>()
+        })
+    });
+    let rows = match rows {
+        Ok(Ok(rows)) => rows,
+        Ok(Err(e)) => return Err(FenceError::Retry(format!("could not load the leases: {e}"))),
+        Err(e) => return Err(FenceError::Retry(format!("could not load the leases: {e}"))),
+    };
     LeaseTable::load(rows, horizon)
-        .unwrap_or_else(|e| pgrx::error!("tsoracle lease table is inconsistent: {e}"))
+        .map_err(|e| FenceError::Retry(format!("the lease table is inconsistent: {e}")))
 }

@@ -5,7 +5,7 @@ use super::serve::Stop;
 use super::settings::{
     force_settings, note_database_encoding, unsafe_session, warn_if_window_exceeds_ha_ttl,
 };
-use super::state::{refuse, set_phase, Worker};
+use super::state::{hand_over, refuse, set_phase, Worker};
 use crate::pg::clock;
 use crate::pg::clock::now_ms;
 use crate::pg::guc;
@@ -35,6 +35,27 @@ unsafe extern "C-unwind" {
     /// PostgreSQL's SIGTERM handler for backends (the raw symbol: pgrx's `pg_sys::die` is a
     /// Rust wrapper, not a signal handler).
     fn die(postgres_signal_arg: std::ffi::c_int);
+    /// PostgreSQL's SIGINT handler for backends (the raw symbol, as for `die`).
+    fn StatementCancelHandler(postgres_signal_arg: std::ffi::c_int);
+    /// `utils/timeout.h` (not in pgrx's bindings): whether a timeout has fired.
+    fn get_timeout_indicator(id: std::ffi::c_int, reset_indicator: bool) -> bool;
+}
+
+/// `LOCK_TIMEOUT` of `utils/timeout.h`'s `TimeoutId`, the same in 15 to 18.
+const LOCK_TIMEOUT: std::ffi::c_int = 2;
+
+/// The worker's SIGINT: a lock wait that outlasted `lock_timeout` (its handler signals this
+/// process with SIGINT after setting the timeout's indicator) cancels the statement, as in
+/// any backend; anything else — `pg_cancel_backend()` — is ignored, since a cancel would end a
+/// wait for the synchronous standbys and leave no trace of it.
+unsafe extern "C-unwind" fn cancel_on_lock_timeout(postgres_signal_arg: std::ffi::c_int) {
+    // SAFETY: both are async-signal-safe: a read of the timeout's flag, and PostgreSQL's own
+    // SIGINT handler, which only sets flags and the latch.
+    unsafe {
+        if get_timeout_indicator(LOCK_TIMEOUT, false) {
+            StatementCancelHandler(postgres_signal_arg);
+        }
+    }
 }
 
 #[pg_guard]
@@ -43,14 +64,15 @@ pub extern "C-unwind" fn tsoracle_worker_main(_arg: pg_sys::Datum) {
     BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP);
     // SAFETY: installing this process's own handlers as the worker starts: `die` is
     // PostgreSQL's SIGTERM handler for backends (in a worker it only sets flags and the
-    // latch), and an ignored SIGINT has no handler.
+    // latch), and `cancel_on_lock_timeout` calls its SIGINT handler only for a lock timeout.
     unsafe {
         // SIGTERM is PostgreSQL's own `die`: it ends a synchronous-replication wait (so a
         // shutdown never hangs on a missing standby), and `confirm_replicated` then refuses
         // to serve from that commit.
         crate::pg::compat::set_signal(libc::SIGTERM, Some(die));
-        // A query cancel ends such a wait too, and leaves no trace afterwards: ignore it.
-        libc::signal(libc::SIGINT, libc::SIG_IGN);
+        // A query cancel ends such a wait too, and leaves no trace afterwards: only the
+        // worker's own lock timeout cancels a statement.
+        crate::pg::compat::set_signal(libc::SIGINT, Some(cancel_on_lock_timeout));
     }
 
     let Ok(signals) = shmem::signals() else {
@@ -92,10 +114,16 @@ pub extern "C-unwind" fn tsoracle_worker_main(_arg: pg_sys::Datum) {
         leases: LeaseTable::new(),
         lease_deadlines: std::collections::HashMap::new(),
         seq_statements: None,
+        extension_warned_mono_ms: 0,
         // The first publication an interval after the worker starts.
         resolved_published_mono_ms: clock::mono_ms(),
     };
     loop {
+        if signals.handover_requested() {
+            // A worker restarted after tso_handover(): this server stays handed over.
+            hand_over(signals);
+            break;
+        }
         if !wait_for_extension(signals, &database) {
             break;
         }

@@ -3,7 +3,7 @@
 use super::state::Worker;
 use crate::pg::clock;
 use crate::pg::guc;
-use pgrx::bgworkers::BackgroundWorker;
+use crate::pg::xact::transaction;
 use pgrx::prelude::*;
 
 impl Worker {
@@ -25,7 +25,7 @@ impl Worker {
         if r <= self.signals.published_resolved().0 {
             return;
         }
-        let written = BackgroundWorker::transaction(|| {
+        let written = transaction(|| {
             Spi::run_with_args(
                 "UPDATE tsoracle.resolved SET ts = GREATEST(ts, $1), updated_at = pg_catalog.now() WHERE id",
                 &[(r as i64).into()],
@@ -36,9 +36,21 @@ impl Worker {
                 &[(r as i64).into()],
             )
         });
-        match written {
-            Ok(()) => self.signals.set_published_resolved(r, clock::now_ms()),
-            Err(e) => pgrx::warning!("tsoracle could not publish the resolved timestamp {r}: {e}"),
+        // Not published now (tsoracle.resolved locked past the worker's lock_timeout): the next
+        // interval tries again; R on the primary goes on, standbys' R waits.
+        let failure = match written {
+            Ok(Ok(())) => {
+                self.signals.set_published_resolved(r, clock::now_ms());
+                return;
+            }
+            Ok(Err(e)) => e.to_string(),
+            Err(e) => e.to_string(),
+        };
+        // Once a minute at most: it is tried again every interval.
+        thread_local! { static WARNED_MONO_MS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) }; }
+        if now.saturating_sub(WARNED_MONO_MS.get()) >= 60_000 || WARNED_MONO_MS.get() == 0 {
+            WARNED_MONO_MS.set(now);
+            pgrx::warning!("tsoracle could not publish the resolved timestamp {r}: {failure}; retrying every tsoracle.resolved_interval_ms");
         }
     }
 }

@@ -1,11 +1,12 @@
 //! The serving loop: keep the window ahead of the clock (within `tsoracle.max_lead_ms`),
 //! answer the callers' requests, expire leases, publish the resolved timestamp.
 
-use super::high_water::persist_high_water;
+use super::high_water::{self, RaiseError};
 use super::settings::warn_if_window_exceeds_ha_ttl;
-use super::state::{log_clock_step, strict_mode_refusal, Worker};
+use super::state::{hand_over, log_clock_step, strict_mode_refusal, Worker};
 use crate::pg::clock;
 use crate::pg::guc;
+use crate::pg::xact::transaction;
 use crate::shmem::ORACLE;
 use pgrx::bgworkers::BackgroundWorker;
 use pgrx::prelude::*;
@@ -42,6 +43,10 @@ impl Worker {
                 warn_if_window_exceeds_ha_ttl();
             }
 
+            if self.signals.handover_requested() {
+                hand_over(self.signals);
+                return Stop::Exit;
+            }
             let seed = self.signals.take_seed_request();
             // A caller re-asks while it waits: a seed already applied needs no second fence.
             if seed > 0 && seed > ORACLE.share().seeded_ms {
@@ -104,24 +109,34 @@ impl Worker {
     /// False when the durable row is not ours any more and the fence must run again.
     fn extend(&mut self, extension: WindowExtension) -> bool {
         let commit_started = clock::sample();
-        let outcome = BackgroundWorker::transaction(|| match strict_mode_refusal() {
-            Some(why) => Err(why),
-            None => Ok(persist_high_water(extension)),
+        let outcome = transaction(|| match strict_mode_refusal() {
+            Some(why) => Err(Extension::Refused(why)),
+            None => {
+                high_water::raise(extension.requested_ms, extension.epoch).map_err(Extension::Raise)
+            }
         });
         let actual = match outcome {
-            Err(why) => {
+            Ok(Ok(actual)) => actual,
+            Ok(Err(Extension::Refused(why))) => {
                 ORACLE.exclusive().set_refusal(&why);
                 self.signals.broadcast();
                 return true;
             }
-            Ok(actual) => actual,
-        };
-        let Some(actual) = actual else {
-            // No row at our epoch: the table was recreated or restored underneath us.
-            pgrx::warning!(
-                "tsoracle high-water row is missing or at another epoch; running the fence again"
-            );
-            return false;
+            Ok(Err(Extension::Raise(RaiseError::NotOurs))) => {
+                // No row at our epoch: the table was recreated or restored underneath us.
+                pgrx::warning!(
+                    "tsoracle high-water row is missing or at another epoch; running the fence again"
+                );
+                return false;
+            }
+            Ok(Err(Extension::Raise(RaiseError::Refused(why) | RaiseError::Unavailable(why)))) => {
+                self.extension_failed(&why);
+                return true;
+            }
+            Err(e) => {
+                self.extension_failed(&e.to_string());
+                return true;
+            }
         };
         crate::pg::replica::confirm_replicated();
         self.signals.confirm_until(commit_started, guc::window_ahead_ms());
@@ -137,4 +152,24 @@ impl Worker {
             }
         }
     }
+
+    /// A window extension could not be made durable now (a lock held too long, a rewrite of
+    /// the table in progress): the window serves what it holds and the next tick tries again.
+    /// Say why in `tso_status().detail` and, once a minute at most, in the log.
+    fn extension_failed(&mut self, why: &str) {
+        let text = format!("the window could not be extended: {why}");
+        ORACLE.exclusive().set_refusal(&text);
+        self.signals.broadcast();
+        let now = clock::mono_ms();
+        if now.saturating_sub(self.extension_warned_mono_ms) >= 60_000 {
+            self.extension_warned_mono_ms = now;
+            pgrx::warning!("tsoracle: {text}; retrying every tick");
+        }
+    }
+}
+
+/// Why a window extension did not happen.
+enum Extension {
+    Refused(String),
+    Raise(RaiseError),
 }

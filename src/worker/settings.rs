@@ -18,7 +18,10 @@ const FORCED_SETTINGS: [(&std::ffi::CStr, &std::ffi::CStr); 15] = [
     (c"synchronous_commit", c"on"),
     // No timeout aborts a durable write halfway; no setting makes the worker read-only.
     (c"statement_timeout", c"0"),
-    (c"lock_timeout", c"0"),
+    // But no lock is waited for long: what a DBA holds (CREATE INDEX, VACUUM FULL, an open
+    // transaction's row) fails the part of the work that needs it with 55P03, and the rest of
+    // the worker goes on (`pg::xact`). Its own writes of the high-water take no such lock.
+    (c"lock_timeout", c"100ms"),
     (c"idle_in_transaction_session_timeout", c"0"),
     (c"idle_session_timeout", c"0"),
     (c"default_transaction_read_only", c"off"),

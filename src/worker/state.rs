@@ -2,7 +2,7 @@
 
 use super::sequences::SeqStatements;
 use crate::pg::guc;
-use crate::shmem::{Phase, Signals, ORACLE};
+use crate::shmem::{oracle::HANDED_OVER, Phase, Signals, ORACLE};
 use pgrx::bgworkers::BackgroundWorker;
 use pgrx::prelude::*;
 use std::time::Duration;
@@ -20,6 +20,8 @@ pub(super) struct Worker {
     pub(super) resolved_published_mono_ms: u64,
     /// Plans of the group commit's statements, prepared once per worker life.
     pub(super) seq_statements: Option<SeqStatements>,
+    /// When a failed window extension was last logged (`clock::mono_ms`).
+    pub(super) extension_warned_mono_ms: u64,
 }
 
 pub(super) fn set_phase(signals: &Signals, phase: Phase) {
@@ -46,6 +48,16 @@ pub(super) fn refuse(signals: &Signals, why: &str) {
             unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
         }
     }
+}
+
+/// `tso_handover()` was called: stop serving (the window is closed already) and stay so until
+/// shutdown. Everything issued is at or below the committed high-water, which no longer moves.
+pub(super) fn hand_over(signals: &Signals) {
+    pgrx::log!(
+        "tsoracle: handed over at high-water {} ms; serving nothing more until the server restarts",
+        ORACLE.share().max_committed_ms
+    );
+    refuse(signals, HANDED_OVER);
 }
 
 /// Strict mode (`tsoracle.require_synchronous_standby`): why nothing may be granted now,

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use postgres::error::SqlState;
 use postgres::{Client, NoTls};
+use tsoracle_tests::seqlease::alter_system;
 use tsoracle_tests::tso::{durable_high_water, status, tso_next, tso_seed};
 use tsoracle_tests::{
     expect_sqlstate, now_ms, pg_error_string, physical, poll_until, serving_node, wait_for, Node,
@@ -238,7 +239,7 @@ fn foreign_tables_named_like_the_extensions_are_not_touched() {
 /// 1,000 calls whose callers leave while they wait for the worker — terminated by
 /// `pg_terminate_backend`, cancelled, or disconnected (the client process is killed) — half
 /// of them `tso_seq_batch` with 64 keys (a quarter of the old shared queue each). The worker
-/// is held inside a transaction meanwhile (a superuser locks a counter it needs), so every
+/// is held inside a transaction meanwhile (the test build's `tsoracle.test_worker_hold_key`), so every
 /// call waits. Then a normal `tso_seq` and a 64-key batch succeed at once: nothing leaked.
 #[test]
 fn callers_that_leave_mid_call_never_exhaust_the_queue() {
@@ -252,12 +253,9 @@ fn callers_that_leave_mid_call_never_exhaust_the_queue() {
     let mut su = node.connect();
     ok(su.batch_execute("CREATE ROLE leaver LOGIN IN ROLE tsoracle_seq_user"), "setup");
     ok(seq(&mut node.connect_as("leaver"), "held", 1), "the leaver's key");
-    // Hold the worker: it needs this row lock for any group that names 'held'.
-    let mut holder = node.connect();
-    ok(
-        holder.batch_execute("BEGIN; SELECT * FROM tsoracle.seq WHERE key = 'held' FOR UPDATE"),
-        "lock the counter",
-    );
+    // Hold the worker in any group that names 'held' (a worker stuck in its commit; the test
+    // build's setting: a locked row would only get the calls a quick 55P03).
+    alter_system(&node, "tsoracle.test_worker_hold_key", Some("held")).expect("hold the worker");
 
     let batch_keys: Vec<String> =
         std::iter::once("held".to_string()).chain((1..64).map(|i| format!("b{i}"))).collect();
@@ -293,7 +291,7 @@ fn callers_that_leave_mid_call_never_exhaust_the_queue() {
         h.join().expect("leaver thread");
     }
     assert_eq!(done.load(Ordering::Relaxed), threads * per_thread);
-    ok(holder.batch_execute("COMMIT"), "release the counter");
+    alter_system(&node, "tsoracle.test_worker_hold_key", None).expect("release the worker");
 
     // Everything the leavers queued is answered or freed; a normal caller is served.
     let mut c = node.connect_as("leaver");

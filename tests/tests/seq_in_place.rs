@@ -6,7 +6,7 @@
 //!   where it must (a new key, `tsoracle.seq_in_place = off`, a role that may not use the key);
 //! - its blocks and the worker's tile under one load, with `VACUUM (FULL)`, `CLUSTER`,
 //!   `CHECKPOINT`, a restore merge and a superuser's `UPDATE` of the table running under it
-//!   (the lock protocol against MVCC writers);
+//!   (row locks and the `BEFORE UPDATE` trigger against MVCC writers);
 //! - `kill -9` between a block's WAL insert and its flush: nothing returned comes back, and an
 //!   unflushed block is really lost;
 //! - standbys replay the counter and continue it once promoted; with synchronous standbys
@@ -186,9 +186,11 @@ fn blocks_tile_under_maintenance_and_mvcc_writers() {
     }
     let stats = load.join();
     assert!(rounds >= 3, "only {rounds} rounds of maintenance ran under the load");
-    // The restore merge has the worker fence again; a call may meet that (57P03), nothing else.
+    // The restore merge has the worker fence again; a call may meet that (57P03), or a key
+    // the superuser's statements hold locked longer than the worker waits (55P03): both
+    // retryable, nothing else.
     for (code, n) in &stats.errors_by_sqlstate {
-        assert_eq!(code, "57P03", "{n} calls failed with {code}: {stats:?}");
+        assert!(code == "57P03" || code == "55P03", "{n} calls failed with {code}: {stats:?}");
     }
     assert!(stats.single_ok >= 100 && stats.batch_ok >= 5, "{stats:?}");
     let totals = seq_totals(&mut su).unwrap();
@@ -431,10 +433,12 @@ fn self_cancelled_calls_never_return_a_block_twice() {
 
 // ------------------------------------------------------------------------------------ 6
 
-/// Over the SQL of 0.2.0 (this library serving a database not yet updated) the table has no
-/// `lock_counters` trigger, so a restore or a superuser's statement would not keep in-place
-/// writers out: every call goes to the worker, which refuses to serve over an outdated schema
-/// (57P03), and nothing moves. After `ALTER EXTENSION tsoracle UPDATE`, calls advance in place.
+/// Over the SQL of 0.2.0 (this library serving a database not yet updated) the table's
+/// `keep_what_was_issued` trigger does not fire in every session (it is not `ENABLE ALWAYS`),
+/// so a superuser's statement under `session_replication_role = replica` could write back a
+/// counter an in-place writer moved: every call goes to the worker, which refuses to serve
+/// over an outdated schema (57P03), and nothing moves. After `ALTER EXTENSION tsoracle UPDATE`,
+/// calls advance in place.
 #[test]
 fn over_older_extension_sql_every_call_goes_to_the_worker() {
     let node = Node::start_new("inplace-old-sql", NodeOpts::new()).expect("start");
@@ -449,5 +453,5 @@ fn over_older_extension_sql_every_call_goes_to_the_worker() {
     node.wait_serving().expect("serving after the update");
     let mut c = node.connect();
     assert_eq!(seq_ok(&mut c, "old", 1), 5);
-    assert_eq!(seq_in_place(&mut c, "old", 1, "the SQL of 0.3.0"), 6);
+    assert_eq!(seq_in_place(&mut c, "old", 1, "the SQL of 0.4.0"), 6);
 }

@@ -126,10 +126,25 @@ fn assert_only_outage_errors(stats: &SeqLoadStats) {
 #[track_caller]
 fn wait_worker_blocked(c: &mut Client, pid: i32) {
     wait_for(
-        &format!("the worker (pid {pid}) blocked on the lock"),
+        &format!("the worker (pid {pid}) held in a group commit"),
         Duration::from_secs(20),
-        || matches!(worker_wait(c, pid), Some((Some(t), _)) if t == "Lock"),
+        || {
+            c.query_opt(
+                "SELECT wait_event_type = 'Extension' AND xact_start IS NOT NULL FROM pg_stat_activity WHERE pid = $1",
+                &[&pid],
+            )
+            .ok()
+            .flatten()
+            .is_some_and(|r| r.get::<_, Option<bool>>(0) == Some(true))
+        },
     );
+}
+
+/// Hold the worker in every group commit that names `key` (a worker stuck in its commit: the
+/// test build's `tsoracle.test_worker_hold_key`), or let it go (`None`).
+fn hold_worker(node: &Node, key: Option<&str>) {
+    alter_system(node, "tsoracle.test_worker_hold_key", key)
+        .unwrap_or_else(|e| panic!("tsoracle.test_worker_hold_key: {e}"));
 }
 
 /// Wait (bounded) until backend `pid` sleeps in the extension (waiting for the worker).
@@ -451,9 +466,10 @@ fn rollback_does_not_return_the_block() {
 
 // ============================================================================ 4
 
-/// A caller waiting for a stuck worker (another session holds the counter's row `FOR
-/// UPDATE`, so the worker's group transaction blocks) gets a clean error and its backend
-/// survives:
+/// A caller waiting for a stuck worker (the test build's `tsoracle.test_worker_hold_key` holds
+/// the worker inside its group transaction, as a worker stuck in its commit would be; a row
+/// locked by another session no longer does, the worker answers 55P03 instead) gets a clean
+/// error and its backend survives:
 ///
 /// * X, whose request the worker took before blocking: 40003 after
 ///   `tsoracle.extension_timeout_ms` (5 s): the worker may commit it later (outcome unknown);
@@ -484,9 +500,9 @@ fn cancel_and_timeouts_while_the_worker_is_stuck() {
     let wpid = counters(&mut su).worker_pid.expect("worker pid");
 
     let mut locker = node.connect();
-    locker.batch_execute("BEGIN; SELECT * FROM tsoracle.seq WHERE key = 'w' FOR UPDATE").unwrap();
+    hold_worker(&node, Some("w"));
 
-    // X: taken by the worker, which then blocks on the row lock.
+    // X: taken by the worker, which is then held in its group.
     let mut cx = node.connect();
     let hx = history.clone();
     let x = std::thread::spawn(move || {
@@ -602,7 +618,7 @@ fn cancel_and_timeouts_while_the_worker_is_stuck() {
     eprintln!("while stuck: X 40003, A/B 57014, C/D 57P03, others {seen:?}");
 
     // Release: the worker commits X's block [1, 5), which nobody else gets.
-    locker.batch_execute("ROLLBACK").unwrap();
+    hold_worker(&node, None);
     wait_for_total(&mut su, "w", 5);
     assert_eq!(peek_ok(&mut su, "w"), Some(5), "only X's block was burnt");
     assert_eq!(peek_ok(&mut su, "w_other"), Some(1), "D's batch advanced nothing");
@@ -611,7 +627,7 @@ fn cancel_and_timeouts_while_the_worker_is_stuck() {
     // Z: cancelled after the worker took its request: 57014 (the interrupt wins; the
     // extension does not turn it into 40003), and its block [6, 13) is burnt once the
     // worker gets the lock.
-    locker.batch_execute("BEGIN; SELECT * FROM tsoracle.seq WHERE key = 'w' FOR UPDATE").unwrap();
+    hold_worker(&node, Some("w"));
     let mut cz = node.connect();
     let zpid = backend_pid(&mut cz);
     let hz = history.clone();
@@ -631,7 +647,7 @@ fn cancel_and_timeouts_while_the_worker_is_stuck() {
         Ok(v) => panic!("Z succeeded with {v} while the worker was stuck"),
     }
     assert_session_alive(&mut cz, "Z after the cancel");
-    locker.batch_execute("ROLLBACK").unwrap();
+    hold_worker(&node, None);
     wait_for_total(&mut su, "w", 13);
     assert_eq!(
         recorded_seq(&mut su, &history, "w", 1).unwrap(),
@@ -654,7 +670,7 @@ fn cancel_and_timeouts_while_the_worker_is_stuck() {
     // Part 2: the worker is terminated while it holds Y's request.
     assert_eq!(alter_system(&node, "tsoracle.extension_timeout_ms", Some("20000")).unwrap(), "20s");
     let next_w = peek_ok(&mut su, "w").unwrap();
-    locker.batch_execute("BEGIN; SELECT * FROM tsoracle.seq WHERE key = 'w' FOR UPDATE").unwrap();
+    hold_worker(&node, Some("w"));
     let mut cy = node.connect();
     let hy = history.clone();
     let y = std::thread::spawn(move || {
@@ -683,7 +699,7 @@ fn cancel_and_timeouts_while_the_worker_is_stuck() {
     wait_for("a new worker pid", Duration::from_secs(20), || {
         counters(&mut su).worker_pid.is_some_and(|p| p != wpid)
     });
-    locker.batch_execute("ROLLBACK").unwrap();
+    hold_worker(&node, None);
     assert_eq!(
         peek_ok(&mut su, "w"),
         Some(next_w),

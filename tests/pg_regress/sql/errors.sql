@@ -65,6 +65,14 @@ SELECT regress.try('SELECT * FROM tso_lease_renew(123456789)');
 SELECT regress.try('SELECT tso_lease_release(123456789)');
 SELECT regress.try($$SELECT * FROM tso_lease_acquire('h', 2, 10000)$$);
 SELECT regress.try($$SELECT * FROM tso_lease_acquire('h', 1, 10000)$$);
+-- The functions that tell the lowest stamp check their arguments alike.
+SELECT regress.try($$SELECT * FROM tso_lease_acquire_bounds(NULL, 1, 10000)$$);
+SELECT regress.try($$SELECT * FROM tso_lease_acquire_bounds('h', 1, 10)$$);
+SELECT regress.try($$SELECT * FROM tso_lease_acquire_bounds('h', 1, 10000)$$);
+SELECT regress.try('SELECT * FROM tso_lease_renew_bounds(123456789)');
+SELECT lower > 0 AND lower <= upper AS lower_within_upper
+FROM (SELECT ts_lower_bound AS lower, ts_upper_bound AS upper
+      FROM tso_lease_acquire_bounds('hb', 1, 10000)) g;
 
 -- The resolved timestamp.
 SELECT regress.try('SELECT tso_wait_resolved(-1, 10)');
@@ -111,6 +119,28 @@ SELECT regress.try($$DELETE FROM tsoracle.seq WHERE key = 'k'$$);
 ROLLBACK;
 SELECT tso_seq_peek('k') AS k_still_there;
 SELECT regress.try('TRUNCATE tsoracle.resolved');
+
+-- Parallel mode: a function that issues a value refuses inside a parallel operation (as
+-- nextval() does), also called from a function that claims to be PARALLEL SAFE (PL/pgSQL, so
+-- that the call is not inlined into the outer query, which would see it is unsafe).
+BEGIN;
+SELECT set_config(CASE WHEN current_setting('server_version_num')::int >= 160000
+                       THEN 'debug_parallel_query' ELSE 'force_parallel_mode' END, 'on', true) AS parallel;
+CREATE FUNCTION regress.par(sql text) RETURNS text LANGUAGE plpgsql PARALLEL SAFE AS $f$
+DECLARE v text;
+BEGIN
+    EXECUTE sql INTO v;
+    RETURN v;
+END
+$f$;
+SELECT regress.try('SELECT regress.par(''SELECT tso_next()'')');
+SELECT regress.try('SELECT regress.par(''SELECT tso_next_batch(2)'')');
+SELECT regress.try('SELECT regress.par(''SELECT tso_next_uuid()'')');
+SELECT regress.try($$SELECT regress.par('SELECT tso_seq(''k'')')$$);
+SELECT regress.try($$SELECT regress.par('SELECT start FROM tso_seq_batch(ARRAY[''k''], ARRAY[1])')$$);
+SELECT regress.try($$SELECT regress.par('SELECT lease_id FROM tso_lease_acquire_bounds(''hp'', 1, 10000)')$$);
+SELECT regress.try('SELECT regress.par(''SELECT tso_seed(1)'')');
+ROLLBACK;
 
 -- Drops.
 SELECT regress.try('DROP EXTENSION tsoracle');

@@ -48,6 +48,7 @@ FROM (VALUES
     ('SELECT tso_seq_peek(''regress_shared'')'),
     ('SELECT * FROM tso_seq_batch(''{regress_shared}'', ''{1}'')'),
     ('SELECT * FROM tso_lease_acquire(''regress_'' || current_user, 1, 10000)'),
+    ('SELECT lease_id FROM tso_lease_acquire_bounds(''regress_b_'' || current_user, 1, 10000)'),
     ('SELECT count(*) FROM tsoracle.high_water'),
     ('SELECT count(*) FROM tsoracle.resolved'),
     ('SELECT count(*) FROM tsoracle.seq'),
@@ -65,6 +66,11 @@ BEGIN;
 SET LOCAL tsoracle.allow_drop = on;
 DELETE FROM tsoracle.seq WHERE key = 'regress_forged';
 COMMIT;
+
+-- A switchover's handover, and the restore's raise of the high-water, are a superuser's
+-- (not tried as one here: either would stop the oracle or re-fence it).
+SELECT regress.as_role('regress_lease', 'SELECT tso_handover()') AS lease_holder_hands_over;
+SELECT regress.as_role('regress_plain', 'SELECT tsoracle.raise_restored_high_water(1, 1)') AS plain_raises;
 
 -- A key belongs to the role that created it (and its members; a superuser is one of all):
 -- another sequence user can neither take from it, peek at it nor drop it; its creator can.

@@ -51,6 +51,18 @@ WHERE d.refobjid = (SELECT oid FROM pg_extension WHERE extname = 'tsoracle')
 GROUP BY p.oid
 ORDER BY p.oid::regprocedure::text;
 
+-- The triggers of the tables: when each fires (ALWAYS: in every session, also under
+-- session_replication_role = replica, as logical apply runs; REPLICA: only there). The writes
+-- made in place rely on keep_what_was_issued firing always (docs/sequences.md).
+SELECT t.tgrelid::regclass AS "table", t.tgname AS trigger,
+       CASE t.tgenabled WHEN 'O' THEN 'origin' WHEN 'A' THEN 'always' WHEN 'R' THEN 'replica'
+            ELSE 'disabled' END AS fires,
+       t.tgfoid::regproc AS function
+FROM pg_trigger t
+WHERE t.tgrelid IN (SELECT oid FROM pg_class WHERE relnamespace = 'tsoracle'::regnamespace)
+  AND NOT t.tgisinternal
+ORDER BY t.tgrelid::regclass::text, t.tgname;
+
 -- The tables, their columns, and what PUBLIC may do with them.
 SELECT c.oid::regclass AS "table", a.attnum, a.attname, format_type(a.atttypid, a.atttypmod),
        a.attnotnull AS not_null

@@ -1,0 +1,220 @@
+//! Writing a row of one of the extension's tables in place: the mechanism under `tso_seq`'s
+//! in-place advance (`caller::seq_in_place`) and the worker's raise of the high-water
+//! (`worker::high_water`). The rules of when a row may be written so are in
+//! `tsoracle_core::row_page`; here is what PostgreSQL needs around them.
+//!
+//! - [`preconditions`]: the table is one whose every other writer this path can trust — its
+//!   `BEFORE UPDATE` trigger (which locks a row before an MVCC writer computes what it writes,
+//!   and refuses a lowered value) fires in every session (`ENABLE ALWAYS`, so also under
+//!   `session_replication_role = replica`, as logical apply workers run); no index or
+//!   generated column covers the columns written (an in-place write updates no index); and no
+//!   publication publishes its updates (logical decoding does not decode these writes).
+//! - [`row_free`]: under the buffer lock, the row's `xmin` committed and no running
+//!   transaction holds a lock on it.
+//! - [`write_logged`]: the new values stored, each with one aligned 8-byte store (a reader
+//!   holding only a pin never sees half of one), and logged as a generic WAL record that core
+//!   PostgreSQL replays on standbys and in recovery — built here, one fragment for the
+//!   columns written, rather than through `GenericXLogStart`, which copies and diffs the
+//!   whole page under the lock.
+//! - [`make_durable`]: flushed, and on the synchronous standbys, as a commit with
+//!   `synchronous_commit = on` would be, before anything is served from it.
+
+use super::compat;
+use pgrx::pg_sys;
+use std::ffi::{c_int, CStr};
+use std::sync::atomic::{AtomicI64, Ordering};
+use tsoracle_core::row_page::{generic_fragment, Xmax};
+use tsoracle_core::seq::may_return_after_sync_wait;
+
+/// Why a table may not be written in place right now (its writes then take the MVCC path).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// Its `BEFORE UPDATE` trigger is missing, or not `ENABLE ALWAYS`.
+    Trigger,
+    /// An index covers a column written in place.
+    Indexed,
+    /// A generated column: it would not be recomputed.
+    Generated,
+    /// A publication publishes its updates.
+    Published,
+}
+
+/// Whether `rel` may be written in place at `written` (attribute numbers, 1-based), with
+/// `trigger` as its guarding `BEFORE UPDATE` trigger.
+///
+/// # Safety
+/// `rel` is an open relation, inside a transaction.
+pub unsafe fn preconditions(
+    rel: pg_sys::Relation,
+    trigger: &CStr,
+    written: &[i16],
+) -> Result<(), Refusal> {
+    // SAFETY: the trigger descriptor, tuple descriptor and relcache caches belong to the open
+    // relation and stay valid while it is open; each pointer is checked before it is read.
+    unsafe {
+        let triggers = (*rel).trigdesc;
+        let guarded = !triggers.is_null()
+            && (0..usize::try_from((*triggers).numtriggers).unwrap_or(0)).any(|i| {
+                let t = &*(*triggers).triggers.add(i);
+                let wanted = (pg_sys::TRIGGER_TYPE_ROW
+                    | pg_sys::TRIGGER_TYPE_BEFORE
+                    | pg_sys::TRIGGER_TYPE_UPDATE) as i16;
+                !t.tgname.is_null()
+                    && CStr::from_ptr(t.tgname) == trigger
+                    && t.tgtype & wanted == wanted
+                    && t.tgenabled as u8 == pg_sys::TRIGGER_FIRES_ALWAYS
+            });
+        if !guarded {
+            return Err(Refusal::Trigger);
+        }
+        if compat::has_generated_columns((*rel).rd_att) {
+            return Err(Refusal::Generated);
+        }
+        if written.iter().any(|&attnum| compat::index_covers(rel, attnum)) {
+            return Err(Refusal::Indexed);
+        }
+        let mut publications: pg_sys::PublicationDesc = std::mem::zeroed();
+        pg_sys::RelationBuildPublicationDesc(rel, &mut publications);
+        if publications.pubactions.pubupdate {
+            return Err(Refusal::Published);
+        }
+    }
+    Ok(())
+}
+
+/// Whether a row found with `xmin` (`hinted`: the page already says it committed) and `xmax`
+/// may be written in place: inserted by a committed transaction other than this one, and not
+/// locked by a running one.
+pub fn row_free(xmin: u32, hinted: bool, xmax: Xmax) -> bool {
+    // SAFETY: commit-log and proc-array lookups of transaction ids, inside a transaction.
+    unsafe {
+        let committed = hinted
+            || (!pg_sys::TransactionIdIsCurrentTransactionId(xmin.into())
+                && pg_sys::TransactionIdDidCommit(xmin.into()));
+        committed
+            && match xmax {
+                Xmax::None => true,
+                Xmax::LockedBy(xid) => !pg_sys::TransactionIdIsInProgress(xid.into()),
+            }
+    }
+}
+
+/// Store `values` as consecutive 8-byte columns at byte `at` of the buffer's page and log the
+/// change; returns the record's end position, to flush.
+///
+/// # Safety
+/// `buffer` is pinned and locked exclusively by this backend, and belongs to a permanent
+/// relation at `wal_level >= replica`; `at .. at + 8 * values.len()` lies inside the page, on
+/// an 8-byte boundary, over columns of the row `core::row_page` found there.
+pub unsafe fn write_logged(buffer: pg_sys::Buffer, at: usize, values: &[i64]) -> u64 {
+    let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_ne_bytes()).collect();
+    // wal_consistency_checking compares a replayed page with the primary's image, hint bits
+    // included, which a delta does not carry: log the whole page then (and apply it on redo).
+    // SAFETY: the array is allocated for every resource manager once the setting is parsed
+    // (NULL before that).
+    let full_image = unsafe {
+        let checking = pg_sys::wal_consistency_checking;
+        !checking.is_null() && *checking.add(pg_sys::RmgrIds::RM_GENERIC_ID as usize)
+    };
+    let fragment = generic_fragment(at, &bytes, pg_sys::BLCKSZ as usize);
+    // SAFETY: the caller's contract: our exclusively locked page, the region inside it and
+    // aligned. Inside a critical section (as GenericXLogFinish does it) the stores, the dirty
+    // mark, the record and the page LSN go together: an error in between would be a PANIC,
+    // never a page changed without its WAL. XLogRegisterBufData keeps a pointer to `fragment`,
+    // which lives until after XLogInsert.
+    unsafe {
+        let page = pg_sys::BufferGetPage(buffer).cast::<u8>();
+        pg_sys::XLogBeginInsert();
+        pg_sys::CritSectionCount += 1;
+        for (i, v) in values.iter().enumerate() {
+            AtomicI64::from_ptr(page.add(at + 8 * i).cast::<i64>()).store(*v, Ordering::Relaxed);
+        }
+        pg_sys::MarkBufferDirty(buffer);
+        match (&fragment, full_image) {
+            (Some(fragment), false) => {
+                pg_sys::XLogRegisterBuffer(0, buffer, pg_sys::REGBUF_STANDARD as u8);
+                pg_sys::XLogRegisterBufData(
+                    0,
+                    fragment.as_ptr().cast_mut().cast(),
+                    fragment.len() as _,
+                );
+            }
+            _ => pg_sys::XLogRegisterBuffer(
+                0,
+                buffer,
+                (pg_sys::REGBUF_FORCE_IMAGE | pg_sys::REGBUF_STANDARD) as u8,
+            ),
+        }
+        let lsn = pg_sys::XLogInsert(pg_sys::RmgrIds::RM_GENERIC_ID as pg_sys::RmgrId, 0);
+        // PageSetLSN: pd_lsn is the page's first 8 bytes, {xlogid: high 32, xrecoff: low 32}.
+        page.cast::<u32>().write((lsn >> 32) as u32);
+        page.add(4).cast::<u32>().write(lsn as u32);
+        pg_sys::CritSectionCount -= 1;
+        lsn
+    }
+}
+
+/// A write made in place was not acknowledged by the synchronous standbys: a cancel cut the
+/// wait short. It is never served from.
+#[derive(Clone, Copy, Debug)]
+pub struct NotAcknowledged;
+
+/// Flush WAL up to `lsn` and wait, as a commit with `synchronous_commit = on` would, for the
+/// synchronous standbys to acknowledge it, whatever the caller's own `synchronous_commit` says.
+pub fn make_durable(lsn: u64) -> Result<(), NotAcknowledged> {
+    // SAFETY: flushing WAL up to a position this backend inserted (or any lower one).
+    unsafe { pg_sys::XLogFlush(lsn) };
+    // A cancel that came in before the wait ends the call here, before it can be lost.
+    pgrx::check_for_interrupts!();
+    // The wait's mode comes from the setting's assign hook (syncrep.c's SyncRepWaitMode),
+    // so the setting is changed through the GUC machinery, at a nesting level of its own, as
+    // for a function's SET clause, and put back right after the wait.
+    // SAFETY: set_config_option and AtEOXact_GUC inside the caller's transaction, with
+    // static NUL-terminated strings; synchronous_commit is a USERSET setting, so any caller
+    // may set it. The wait is for this backend's own WAL position, with interrupts held as
+    // for a commit (HOLD_INTERRUPTS): it reads the cancel and terminate flags itself, ends
+    // without an error on either (a WARNING), and that is checked right after.
+    // At `on` or `remote_apply` (the default is `on`) the wait's mode is already the flush.
+    unsafe {
+        let weaker = pg_sys::synchronous_commit
+            < pg_sys::SyncCommitLevel::SYNCHRONOUS_COMMIT_REMOTE_FLUSH as c_int;
+        let nest = weaker.then(|| pg_sys::NewGUCNestLevel());
+        if weaker {
+            pg_sys::set_config_option(
+                c"synchronous_commit".as_ptr(),
+                c"on".as_ptr(),
+                pg_sys::GucContext::PGC_USERSET,
+                pg_sys::GucSource::PGC_S_SESSION,
+                pg_sys::GucAction::GUC_ACTION_SAVE,
+                true,
+                0,
+                false,
+            );
+        }
+        pg_sys::InterruptHoldoffCount += 1;
+        pg_sys::SyncRepWaitForLSN(lsn, false);
+        pg_sys::InterruptHoldoffCount -= 1;
+        if let Some(nest) = nest {
+            pg_sys::AtEOXact_GUC(true, nest);
+        }
+    }
+    // SAFETY: volatile reads of flags the signal handlers set, and of the acknowledged
+    // flush position in shared memory (WalSndCtl exists whenever a backend runs; an 8-byte
+    // aligned load, never torn; a stale value is lower, which only refuses).
+    let (interrupted, acknowledged) = unsafe {
+        let interrupted = std::ptr::read_volatile(&raw const pg_sys::InterruptPending) != 0
+            || std::ptr::read_volatile(&raw const pg_sys::ProcDiePending) != 0;
+        let ctl = pg_sys::WalSndCtl;
+        let acknowledged = if ctl.is_null() {
+            0
+        } else {
+            std::ptr::read_volatile(&raw const (*ctl).lsn[pg_sys::SYNC_REP_WAIT_FLUSH as usize])
+        };
+        (interrupted, acknowledged)
+    };
+    if may_return_after_sync_wait(lsn, acknowledged, interrupted) {
+        Ok(())
+    } else {
+        Err(NotAcknowledged)
+    }
+}
