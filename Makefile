@@ -8,7 +8,7 @@ PG_MAJORS := 15 16 17 18
 # What `make test` runs on every major: the #[pg_test]s and these integration suites ...
 TEST_MAJORS ?= $(PG_MAJORS)
 # (pooler: PgBouncer, postgres_exporter and promtool, about 15 s: cheap enough for every major.)
-QUICK_SUITES := foundation harness leases lease_concurrency sequences seq_in_place security clocks drops resolved pooler operations
+QUICK_SUITES := foundation harness leases lease_concurrency sequences seq_in_place security clocks drops resolved pooler operations bluegreen
 # ... and on the oldest and the newest, also the crash, failover and backup suites.
 FULL_MAJORS ?= 15 18
 FULL_SUITES := $(QUICK_SUITES) replication backup patroni

@@ -14,7 +14,14 @@ BEGIN
     IF pg_catalog.pg_trigger_depth() > 1 THEN
         RETURN NEW;
     END IF;
-    IF NOT tsoracle.note_restore() THEN
+    -- A subscriber's copy or apply (replica) merges counters and leases without fencing again
+    -- (the worker reads counters from the table, and loads leases at its next fence); a
+    -- restore, and any high-water, have the worker fence again above what came in.
+    IF pg_catalog.current_setting('session_replication_role') = 'replica' THEN
+        IF TG_TABLE_NAME = 'high_water' THEN
+            PERFORM tsoracle.note_restore();
+        END IF;
+    ELSIF NOT tsoracle.note_restore() THEN
         RETURN NEW;
     END IF;
     -- An upsert, not "update, else insert": the worker may insert the same key between the
@@ -68,16 +75,19 @@ ALTER TABLE tsoracle.seq ENABLE ALWAYS TRIGGER merge_restored_row;
 ALTER TABLE tsoracle.lease ENABLE ALWAYS TRIGGER merge_restored_row;
 
 -- A subscriber's apply of an update (session_replication_role = replica, ENABLE REPLICA):
--- merged as a restored row is, never lowering what this cluster holds, and the worker fences
--- again above it once the apply commits. The high-water goes through the MVCC update here (the
+-- merged as a restored row is, never lowering what this cluster holds; a higher high-water has
+-- the worker fence again above it once the apply commits. The high-water goes through the MVCC update here (the
 -- applying transaction holds its row); the fence raises the window above it.
 CREATE FUNCTION tsoracle.merge_replicated_row() RETURNS trigger
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    PERFORM tsoracle.note_restore();
     IF TG_TABLE_NAME = 'high_water' THEN
+        -- Above what this cluster holds: fence again above it once the apply commits.
+        IF NEW.physical_ms > OLD.physical_ms OR NEW.epoch > OLD.epoch THEN
+            PERFORM tsoracle.note_restore();
+        END IF;
         NEW.id := OLD.id;
         NEW.physical_ms := GREATEST(NEW.physical_ms, OLD.physical_ms);
         NEW.epoch := GREATEST(NEW.epoch, OLD.epoch);

@@ -76,7 +76,14 @@ BEGIN
     IF pg_catalog.pg_trigger_depth() > 1 THEN
         RETURN NEW;
     END IF;
-    IF NOT tsoracle.note_restore() THEN
+    -- A subscriber's copy or apply (replica) merges counters and leases without fencing again
+    -- (the worker reads counters from the table, and loads leases at its next fence); a
+    -- restore, and any high-water, have the worker fence again above what came in.
+    IF pg_catalog.current_setting('session_replication_role') = 'replica' THEN
+        IF TG_TABLE_NAME = 'high_water' THEN
+            PERFORM tsoracle.note_restore();
+        END IF;
+    ELSIF NOT tsoracle.note_restore() THEN
         RETURN NEW;
     END IF;
     -- An upsert, not "update, else insert": the worker may insert the same key between the
@@ -122,8 +129,11 @@ LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    PERFORM tsoracle.note_restore();
     IF TG_TABLE_NAME = 'high_water' THEN
+        -- Above what this cluster holds: fence again above it once the apply commits.
+        IF NEW.physical_ms > OLD.physical_ms OR NEW.epoch > OLD.epoch THEN
+            PERFORM tsoracle.note_restore();
+        END IF;
         NEW.id := OLD.id;
         NEW.physical_ms := GREATEST(NEW.physical_ms, OLD.physical_ms);
         NEW.epoch := GREATEST(NEW.epoch, OLD.epoch);

@@ -61,6 +61,10 @@ fn synchronous_standbys_configured() -> bool {
 
 /// Advance `key` by `count` in place, if this call may; `Ok(None)` sends it to the worker.
 pub fn try_advance(key: &str, count: u64) -> Result<Option<i64>, TsoError> {
+    // A handed-over oracle grants nothing more, in place neither.
+    if crate::shmem::signals()?.handover_requested() {
+        return Err(TsoError::NotServing(crate::shmem::oracle::HANDED_OVER.into()));
+    }
     // SAFETY: a process-local global set from the server's configuration.
     let wal_level = unsafe { pg_sys::wal_level };
     if !guc::seq_in_place()

@@ -17,7 +17,7 @@
 //!   its WAL under a timestamp and sequence load, a base backup taken before the load, restored
 //!   with `restore_command` to a `recovery_target_time` (promote) or to the end of the archive.
 //! * **Extension upgrade** ([`alter_extension_update_from_0_1_0_under_load_keeps_every_guarantee`],
-//!   [`alter_extension_update_from_0_2_0_under_load_keeps_every_guarantee`]): `CREATE
+//!   [`alter_extension_update_from_0_3_0_under_load_keeps_every_guarantee`]): `CREATE
 //!   EXTENSION tsoracle VERSION '<released version>'` under the current library, state in its
 //!   tables, a synchronous standby, 16 sessions calling `tso_next()`/`tso_next_batch()`, then
 //!   `ALTER EXTENSION tsoracle UPDATE`, which walks the upgrade chain to the current version.
@@ -122,7 +122,7 @@ fn extension_schema(c: &mut Client) -> Vec<String> {
         SELECT 'constraint ' || co.conrelid::regclass::text || ' ' || co.conname || ' ' || pg_catalog.pg_get_constraintdef(co.oid)
           FROM m JOIN pg_catalog.pg_constraint co ON m.classid = 'pg_catalog.pg_class'::regclass AND co.conrelid = m.objid
         UNION ALL
-        SELECT 'trigger ' || pg_catalog.pg_get_triggerdef(t.oid)
+        SELECT 'trigger ' || pg_catalog.pg_get_triggerdef(t.oid) || ' fires ' || t.tgenabled::text
           FROM m JOIN pg_catalog.pg_trigger t ON m.classid = 'pg_catalog.pg_class'::regclass AND t.tgrelid = m.objid
          WHERE NOT t.tgisinternal
         UNION ALL
@@ -675,8 +675,8 @@ fn alter_extension_update_from_0_1_0_under_load_keeps_every_guarantee() {
 
 /// The same from the previous release: the last step of the chain on its own.
 #[test]
-fn alter_extension_update_from_0_2_0_under_load_keeps_every_guarantee() {
-    update_under_load("0.2.0");
+fn alter_extension_update_from_0_3_0_under_load_keeps_every_guarantee() {
+    update_under_load("0.3.0");
 }
 
 fn update_under_load(from: &str) {

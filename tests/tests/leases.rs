@@ -490,3 +490,76 @@ fn a_restore_of_more_leases_than_fit_never_hides_one_from_the_frontier() {
     let live: i64 = c.query_one("SELECT live_leases FROM tso_status()", &[]).unwrap().get(0);
     assert_eq!(live, n - 2);
 }
+
+// ============================================================================ 5
+
+/// A lease's lowest stamp and the resolved timestamp (README, "Reading in order"): a lease
+/// acquired right after a restart, while the fence serves above the clock (a high-water seeded
+/// a minute ahead), tells its holder a lowest stamp above every `R` readers were given before
+/// it, and `R` stays below it while the lease lives; a renewal moves the lowest stamp up, and
+/// `R` stays below the previous grant's until that grant would have expired. (0.3.0 gave the
+/// server's clock at the grant, a minute below `R` here.)
+#[test]
+fn a_lease_acquired_after_a_restart_stamps_above_every_r_handed_out() {
+    let mut node = serving_node("lease-r", NodeOpts::new());
+    let mut c = node.connect();
+    let ahead = now_ms() + 60_000;
+    c.query_one("SELECT tso_seed($1)", &[&ahead]).unwrap();
+    node.restart(StopMode::Immediate).unwrap();
+    node.wait_serving().unwrap();
+    let mut c = node.connect();
+    let mut readers = node.connect();
+    // Readers are handed R while timestamps are issued, then the lease is acquired.
+    let mut r_before = 0i64;
+    for _ in 0..50 {
+        tso_next(&mut c).unwrap();
+        let r: i64 = readers.query_one("SELECT tso_resolved()", &[]).unwrap().get(0);
+        r_before = r_before.max(r);
+    }
+    assert!(physical(r_before) >= ahead, "R {r_before} is not above the seeded clock yet");
+    let row = c
+        .query_one(
+            "SELECT lease_id, ts_lower_bound, ts_upper_bound, expires_at_ms FROM tso_lease_acquire_bounds('r-holder', 1, 5000)",
+            &[],
+        )
+        .unwrap_or_else(|e| panic!("acquire: {}", pg_error_string(&e)));
+    let (id, lower, upper, expires): (i64, i64, i64, i64) =
+        (row.get(0), row.get(1), row.get(2), row.get(3));
+    assert!(
+        lower << 18 > r_before,
+        "the lowest stamp {lower} ms is at or below an R already handed out ({r_before}, {} ms)",
+        physical(r_before)
+    );
+    assert!(lower <= upper, "lowest stamp {lower} above the bound {upper}");
+    assert!(expires <= now_ms() + 5_000);
+    // While it lives, R stays below its lowest stamp, however many timestamps are issued
+    // (batches: the window serves ahead of the clock, one millisecond after the other).
+    let first = lower << 18;
+    let renew_at = Instant::now() + Duration::from_millis(1_500);
+    let mut renewed_lower = None;
+    let deadline = Instant::now() + Duration::from_millis(4_000);
+    let mut issued = 0i64;
+    while Instant::now() < deadline {
+        issued =
+            c.query_one("SELECT tso_next_batch(200000)", &[]).unwrap().get::<_, i64>(0) + 199_999;
+        let r: i64 = readers.query_one("SELECT tso_resolved()", &[]).unwrap().get(0);
+        assert!(r < first, "R {r} passed the lowest stamp {first} of a grant that lives");
+        if renewed_lower.is_none() && Instant::now() >= renew_at {
+            let row = c
+                .query_one("SELECT ts_lower_bound FROM tso_lease_renew_bounds($1)", &[&id])
+                .unwrap_or_else(|e| panic!("renew: {}", pg_error_string(&e)));
+            let l: i64 = row.get(0);
+            assert!(l >= lower, "a renewal lowered the lowest stamp: {l} < {lower}");
+            renewed_lower = Some(l);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(renewed_lower.is_some(), "the renewal ran");
+    assert!(issued > first, "the load issued past the lowest stamp ({issued} <= {first})");
+    c.execute("SELECT tso_lease_release($1)", &[&id]).unwrap();
+    // Released: R moves on to everything issued.
+    let last = tso_next(&mut c).unwrap();
+    wait_for("R past the released lease", Duration::from_secs(10), || {
+        readers.query_one("SELECT tso_resolved()", &[]).unwrap().get::<_, i64>(0) >= last
+    });
+}

@@ -455,3 +455,93 @@ fn over_older_extension_sql_every_call_goes_to_the_worker() {
     assert_eq!(seq_ok(&mut c, "old", 1), 5);
     assert_eq!(seq_in_place(&mut c, "old", 1, "the SQL of 0.4.0"), 6);
 }
+
+// ------------------------------------------------------------------------------------ 7
+
+/// The in-place path checks its preconditions on every call (docs/sequences.md): with the
+/// trigger `keep_what_was_issued` disabled, or enabled for origin sessions only, with an index
+/// on `next` or `updated_at`, with the table in a publication, every call goes to the worker
+/// (its group commits move) and the blocks still follow on; with each undone, calls advance in
+/// place again. A superuser who sets `session_replication_role = replica` (as logical apply
+/// workers run) cannot lower a counter: the trigger fires always, and a replicated update
+/// merges. The high-water's in-place raise checks the same of `tsoracle.high_water`: with its
+/// trigger disabled, window extensions go on through MVCC.
+#[test]
+fn the_in_place_path_checks_its_preconditions_on_every_call() {
+    let node = serving_node("inplace-pre", NodeOpts::new().setting("wal_level", "logical"));
+    let mut su = node.connect();
+    assert_eq!(seq_ok(&mut su, "pre", 1), 0, "a new key starts at 0");
+    assert_eq!(seq_in_place(&mut su, "pre", 1, "to begin with"), 1);
+    let mut expected = 2;
+    let cases = [
+        (
+            "ALTER TABLE tsoracle.seq DISABLE TRIGGER keep_what_was_issued",
+            "ALTER TABLE tsoracle.seq ENABLE ALWAYS TRIGGER keep_what_was_issued",
+        ),
+        (
+            "ALTER TABLE tsoracle.seq ENABLE TRIGGER keep_what_was_issued",
+            "ALTER TABLE tsoracle.seq ENABLE ALWAYS TRIGGER keep_what_was_issued",
+        ),
+        ("CREATE INDEX pre_next ON tsoracle.seq (next)", "DROP INDEX tsoracle.pre_next"),
+        (
+            "CREATE INDEX pre_updated ON tsoracle.seq (key) WHERE updated_at > '2000-01-01'",
+            "DROP INDEX tsoracle.pre_updated",
+        ),
+        ("CREATE PUBLICATION pre_pub FOR TABLE tsoracle.seq", "DROP PUBLICATION pre_pub"),
+        ("CREATE PUBLICATION pre_all FOR ALL TABLES", "DROP PUBLICATION pre_all"),
+    ];
+    for (break_it, mend_it) in cases {
+        su.batch_execute(break_it)
+            .unwrap_or_else(|e| panic!("{break_it}: {}", pg_error_string(&e)));
+        let commits = group_commits(&mut su);
+        // A session opened now and one opened before both see it (its relcache entry is new).
+        let mut fresh = node.connect();
+        assert_eq!(seq_ok(&mut fresh, "pre", 2), expected, "after {break_it}");
+        assert_eq!(seq_ok(&mut su, "pre", 1), expected + 2, "after {break_it}");
+        assert!(group_commits(&mut su) >= commits + 2, "after {break_it}: served in place");
+        su.batch_execute(mend_it).unwrap_or_else(|e| panic!("{mend_it}: {}", pg_error_string(&e)));
+        assert_eq!(seq_in_place(&mut su, "pre", 1, mend_it), expected + 3);
+        expected += 4;
+    }
+    // A replica-role session cannot lower a counter: a replicated update merges.
+    su.batch_execute(
+        "SET session_replication_role = replica; UPDATE tsoracle.seq SET next = 0 WHERE key = 'pre'; RESET session_replication_role",
+    )
+    .unwrap();
+    assert_eq!(
+        counter(&mut su, "pre"),
+        Some(expected),
+        "a replica-role UPDATE lowered the counter"
+    );
+    assert_eq!(seq_in_place(&mut su, "pre", 1, "after the replica-role UPDATE"), expected);
+    // An origin session is refused the same (55006).
+    let e = su.batch_execute("UPDATE tsoracle.seq SET next = 0 WHERE key = 'pre'").unwrap_err();
+    assert_eq!(sqlstate_of(&e), "55006", "{}", pg_error_string(&e));
+
+    // The high-water: its trigger disabled, extensions go on (through MVCC) and serve.
+    su.batch_execute("ALTER TABLE tsoracle.high_water DISABLE TRIGGER keep_what_was_issued")
+        .unwrap();
+    let before: i64 =
+        su.query_one("SELECT window_extensions FROM tso_status()", &[]).unwrap().get(0);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut last = 0i64;
+    while Instant::now() < deadline {
+        let ts: i64 = su.query_one("SELECT tso_next()", &[]).unwrap().get(0);
+        assert!(ts > last, "timestamps went back");
+        last = ts;
+        let now: i64 =
+            su.query_one("SELECT window_extensions FROM tso_status()", &[]).unwrap().get(0);
+        if now >= before + 2 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let after: i64 =
+        su.query_one("SELECT window_extensions FROM tso_status()", &[]).unwrap().get(0);
+    assert!(
+        after >= before + 2,
+        "no window extension with the trigger disabled ({before} -> {after})"
+    );
+    su.batch_execute("ALTER TABLE tsoracle.high_water ENABLE ALWAYS TRIGGER keep_what_was_issued")
+        .unwrap();
+}
