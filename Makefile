@@ -8,15 +8,21 @@ PG_MAJORS := 15 16 17 18
 # What `make test` runs on every major: the #[pg_test]s and these integration suites ...
 TEST_MAJORS ?= $(PG_MAJORS)
 # (pooler: PgBouncer, postgres_exporter and promtool, about 15 s: cheap enough for every major.)
-QUICK_SUITES := foundation harness leases lease_concurrency sequences seq_in_place security clocks drops resolved pooler operations bluegreen
-# ... and on the oldest and the newest, also the crash, failover and backup suites.
+QUICK_SUITES := foundation harness leases lease_concurrency sequences seq_in_place security clocks drops resolved pooler
+# ... and on the oldest and the newest, also the crash, failover and backup suites, the DBA's
+# routine operations under load (their locks are the same on every major) and the blue/green
+# switchovers (a subscription on 15, and on 18 also pg_createsubscriber, which came in 17).
 FULL_MAJORS ?= 15 18
-FULL_SUITES := $(QUICK_SUITES) replication backup patroni
+FULL_SUITES := $(QUICK_SUITES) replication backup patroni operations bluegreen
 # pg_upgrade from upstream 15 (scripts/postgresql-versions says why not Debian's) to 18.
 UPGRADE_FROM ?= 15-upstream
 UPGRADE_TO ?= 18
 PGRX_TEST_PGDATA ?= /tmp/tsoracle-pgrx-test
 TEST_THREADS ?= 2
+# The majors' integration tests are independent (each its own private installation, clusters
+# on ports of their own): TEST_LANES of them run at once, the full majors first (the longest
+# first: they end about together). Their builds take turns (flock): one target directory.
+TEST_LANES ?= 2
 # In /tmp (like the clusters the tests start), not in the work tree: the postgres OS user runs
 # the binaries from there, whatever the permissions of the directories above the work tree.
 # One copy per work tree and major: $(TEST_PG_ROOT)/pgNN.
@@ -98,10 +104,15 @@ test-pg-%: deps
 # The integration tests load the extension installed in the private copy, into clusters
 # they start themselves from its binaries; first, the golden-output tests of the SQL surface
 # (scripts/test-regress.sh, tests/pg_regress). Both run whatever the other's outcome.
-test-integration: $(addprefix test-integration-,$(TEST_MAJORS))
+# Each lane's output is printed whole when it ends (--output-sync).
+test-integration: deps
+	$(MAKE) --no-print-directory -j$(TEST_LANES) --output-sync=target \
+		$(addprefix integration-,$(filter $(FULL_MAJORS),$(TEST_MAJORS)) $(filter-out $(FULL_MAJORS),$(TEST_MAJORS)))
 test-integration-%: deps
+	$(MAKE) --no-print-directory integration-$*
+integration-%:
 	@echo "timing: test-integration-$* started at $$(date +%s)"
-	bin=$$($(call test_pg,$*,--install)) && { \
+	mkdir -p target && bin=$$(flock target/.build.lock env $(call test_pg,$*,--install)) && { \
 	scripts/test-regress.sh "$$bin"; regress=$$?; \
 	TSORACLE_PG_BIN="$$bin" cargo test --no-fail-fast -p tsoracle-tests \
 		$(addprefix --test ,$(if $(filter $*,$(FULL_MAJORS)),$(FULL_SUITES),$(QUICK_SUITES))) \

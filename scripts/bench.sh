@@ -17,8 +17,8 @@
 # BENCH_WRITE_CLIENTS (INSERT and UPDATE rows, default: BENCH_CLIENTS),
 # BENCH_UPDATE_ROWS (rows of the UPDATE tables, default 100000),
 # BENCH_COPY_ROWS (rows per COPY, default 1000000), BENCH_COPY_REPS (default 5),
-# BENCH_CEIL_CLIENTS (tso_seq against one-row INSERT commits, default "1 2 4 8 32 128"; empty
-# skips it),
+# BENCH_CEIL_CLIENTS (tso_seq against one-row INSERT commits, one key and from 8 clients up
+# eight keys, default "1 2 4 8 32 128"; empty skips it), BENCH_CEIL_REPS (default 5),
 # BENCH_ONLY (run only these sections, e.g. "throughput writes": throughput, resolved, percall,
 # batch, seq, ceiling, writes, p99, curve; default: all),
 # BENCH_CURVE_CLIENTS (the scaling curve, default "1 2 4 8 16 32 64 128 256"; empty skips it),
@@ -81,6 +81,7 @@ COPY_ROWS=${BENCH_COPY_ROWS:-1000000}
 COPY_REPS=${BENCH_COPY_REPS:-5}
 CURVE_CLIENTS=${BENCH_CURVE_CLIENTS-"1 2 4 8 16 32 64 128 256"}
 CEIL_CLIENTS=${BENCH_CEIL_CLIENTS-"1 2 4 8 32 128"}
+CEIL_REPS=${BENCH_CEIL_REPS:-5}
 ONLY=${BENCH_ONLY:-}
 # want SECTION: run this section (all of them unless BENCH_ONLY names some).
 want() { [ -z "$ONLY" ] || [[ " $ONLY " == *" $1 "* ]]; }
@@ -468,9 +469,15 @@ if [ "$SEQ_OK" = 1 ] && [ -n "$CEIL_CLIENTS" ]; then
     echo "==> tso_seq('k', 100) vs one-row INSERT commits (clients: $CEIL_CLIENTS)" >&2
     sql "CREATE TABLE IF NOT EXISTS commit_ceiling (v int NOT NULL) WITH (autovacuum_enabled = off)" \
         || die "set-up of the commit-ceiling table failed"
+    # Eight keys k1..k8 exist before the runs (a key's first block is the worker's).
+    sql "SELECT count(tso_seq('k' || g, 1)) FROM generate_series(1, 8) g" >/dev/null \
+        || die "set-up of the keys k1..k8 failed"
     for c in $CEIL_CLIENTS; do
-        for r in $(seq 1 "$REPS"); do
-            for w in $(rotated "$r" tso_seq ins_commit); do
+        # Several keys at once (8 keys, each call one at random) from 8 clients up.
+        keys=""
+        [ "$c" -ge 8 ] && keys=tso_seq_keys
+        for r in $(seq 1 "$CEIL_REPS"); do
+            for w in $(rotated "$r" tso_seq ins_commit $keys); do
                 if [ "$c" = 1 ]; then
                     run_pgbench "ceil_$w" "$w" "$c" "$r" -l --log-prefix="$RUNS/txlog.ceil_$w.c$c.r$r"
                     rec lat "ceil_$w" "$c" "$r" "$RUNS/txlog.ceil_$w.c$c.r$r"

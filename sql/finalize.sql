@@ -154,7 +154,15 @@ LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    -- A subscriber's apply (replica): merge_replicated_row, which fires next, raises the row.
+    -- A subscriber's apply of a delete (replica): the subscriber keeps what it holds (a key
+    -- dropped or a lease released on the publisher stays; its own worker removes what it is
+    -- done with). A replicated TRUNCATE is refused below: the apply stops until a DBA decides.
+    IF TG_OP = 'DELETE' AND pg_catalog.current_setting('session_replication_role') = 'replica'
+       AND pg_catalog.current_setting('tsoracle.allow_drop', true) IS DISTINCT FROM 'on' THEN
+        RETURN NULL;
+    END IF;
+    -- A subscriber's apply of an update (replica): merge_replicated_row, which fires next,
+    -- raises the row.
     IF NOT tsoracle.note_restore()
        OR pg_catalog.current_setting('tsoracle.allow_drop', true) = 'on'
        OR (TG_OP = 'UPDATE' AND pg_catalog.current_setting('session_replication_role') = 'replica') THEN
@@ -204,6 +212,13 @@ CREATE TRIGGER keep_what_was_issued_truncate BEFORE TRUNCATE ON tsoracle.seq
     FOR EACH STATEMENT EXECUTE FUNCTION tsoracle.keep_what_was_issued();
 CREATE TRIGGER keep_what_was_issued_truncate BEFORE TRUNCATE ON tsoracle.lease
     FOR EACH STATEMENT EXECUTE FUNCTION tsoracle.keep_what_was_issued();
+-- ENABLE ALWAYS too: a subscriber's apply never deletes nor truncates what it holds.
+ALTER TABLE tsoracle.high_water ENABLE ALWAYS TRIGGER keep_what_was_issued_delete;
+ALTER TABLE tsoracle.seq ENABLE ALWAYS TRIGGER keep_what_was_issued_delete;
+ALTER TABLE tsoracle.lease ENABLE ALWAYS TRIGGER keep_what_was_issued_delete;
+ALTER TABLE tsoracle.high_water ENABLE ALWAYS TRIGGER keep_what_was_issued_truncate;
+ALTER TABLE tsoracle.seq ENABLE ALWAYS TRIGGER keep_what_was_issued_truncate;
+ALTER TABLE tsoracle.lease ENABLE ALWAYS TRIGGER keep_what_was_issued_truncate;
 
 REVOKE EXECUTE ON FUNCTION tso_seed(bigint) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION tso_handover() FROM PUBLIC;

@@ -51,6 +51,8 @@ pub fn raise_high_water(physical_ms: i64, epoch: i64) -> Result<bool, crate::pg:
     };
     note();
     signals.request_seed_epoch(epoch);
-    super::window::seed(signals, ms.max(1))?;
+    // The restored cluster may have issued timestamps in millisecond `ms` itself: serve
+    // strictly above it (a seed is "at or above").
+    super::window::seed(signals, ms.saturating_add(1))?;
     Ok(true)
 }

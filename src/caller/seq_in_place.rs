@@ -167,6 +167,7 @@ unsafe fn expected_shape(rel: pg_sys::Relation) -> Option<pg_sys::Oid> {
 /// Where the live row of a key was last found by this backend: a hint, checked again under
 /// the buffer lock like any other candidate (its line pointer must still hold the live
 /// version of this key, with this owner), so that a repeated call skips the index scan.
+/// A backend remembers its `LOCATED_KEYS` most recently used keys.
 struct Located {
     relid: pg_sys::Oid,
     relfilenode: pg_sys::Oid,
@@ -182,8 +183,32 @@ struct Candidate {
     owner: u32,
 }
 
+const LOCATED_KEYS: usize = 16;
+
 thread_local! {
-    static LAST_LOCATED: std::cell::RefCell<Option<Located>> = const { std::cell::RefCell::new(None) };
+    static LOCATED: std::cell::RefCell<Vec<Located>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// The hint for `key` in this relation file, if this backend has one.
+fn located(relid: pg_sys::Oid, relfilenode: pg_sys::Oid, key: &str) -> Option<Candidate> {
+    LOCATED.with_borrow(|all| {
+        all.iter()
+            .find(|l| l.relid == relid && l.relfilenode == relfilenode && l.key == key)
+            .map(|l| l.row)
+    })
+}
+
+/// Forget the hint for `key`; with `row`, remember that one instead, as the most recent.
+fn relocate(key: &str, row: Option<Located>) {
+    LOCATED.with_borrow_mut(|all| {
+        all.retain(|l| l.key != key);
+        if let Some(row) = row {
+            if all.len() >= LOCATED_KEYS {
+                all.remove(0);
+            }
+            all.push(row);
+        }
+    });
 }
 
 /// Whether the current role may use a key of `owner` (0: shared), as the worker decides.
@@ -208,19 +233,14 @@ unsafe fn locate_and_write(rel: pg_sys::Relation, key: &str, count: u64) -> Opti
     unsafe { preconditions(rel, c"keep_what_was_issued", &[2, 3]) }.ok()?;
     // SAFETY: rd_rel is valid for an open relation.
     let (relid, relfilenode) = unsafe { ((*rel).rd_id, (*(*rel).rd_rel).relfilenode) };
-    let hint = LAST_LOCATED.with_borrow(|l| {
-        l.as_ref()
-            .filter(|l| l.relid == relid && l.relfilenode == relfilenode && l.key == key)
-            .map(|l| l.row)
-    });
-    if let Some(row) = hint {
+    if let Some(row) = located(relid, relfilenode, key) {
         // SAFETY: as below; the block is checked against the relation's size first (no
         // truncation can run while the table lock is held).
         let written = unsafe { write_candidate(rel, row, key, count) };
         if written.is_some() {
             return written;
         }
-        LAST_LOCATED.set(None);
+        relocate(key, None);
     }
     // SAFETY: rel is open and locked; see found_row.
     let row = unsafe { found_row(rel, index, key) }?;
@@ -229,7 +249,7 @@ unsafe fn locate_and_write(rel: pg_sys::Relation, key: &str, count: u64) -> Opti
     // SAFETY: row.block is a block of rel that the index pointed into just now.
     let written = unsafe { write_candidate(rel, row, key, count) };
     if written.is_some() {
-        LAST_LOCATED.set(Some(Located { relid, relfilenode, key: key.to_string(), row }));
+        relocate(key, Some(Located { relid, relfilenode, key: key.to_string(), row }));
     }
     written
 }

@@ -194,10 +194,15 @@ fn a_switchover_through_a_subscription_continues_every_counter_and_timestamp() {
     // The new cluster's own use before the switchover, on one of the same keys.
     exec(&mut n, "SELECT tso_seq('invoice', 7)");
     let app = App::start(&old);
+    let mut o = old.connect();
+    exec(&mut o, "SELECT tso_seq('gone', 50)");
     thread::sleep(Duration::from_secs(2));
-    exec(&mut old.connect(), "CREATE PUBLICATION bg FOR ALL TABLES");
+    exec(&mut o, "CREATE PUBLICATION bg FOR ALL TABLES");
     exec(&mut n, &format!("CREATE SUBSCRIPTION bg CONNECTION '{}' PUBLICATION bg", old.conninfo()));
     thread::sleep(Duration::from_secs(4));
+    // A key dropped on the old cluster (its row deleted, a delete the subscription carries)
+    // stays on the new one: the subscriber never forgets a block it might have to continue.
+    exec(&mut o, "SELECT tso_seq_drop('gone')");
     // The switchover: the application stops writing to the old cluster ...
     let on_old = app.stop();
     wait_caught_up(&old, &new, "bg");
@@ -211,6 +216,8 @@ fn a_switchover_through_a_subscription_continues_every_counter_and_timestamp() {
     // The new cluster's own block before the switchover is not granted again either.
     let first_invoice = on_new.blocks["invoice"].iter().map(|b| b.0).min().unwrap();
     assert!(first_invoice >= 7, "the new cluster's own block [0, 7) granted again");
+    let gone: i64 = n.query_one("SELECT tso_seq('gone', 1)", &[]).unwrap().get(0);
+    assert!(gone >= 50, "the dropped key's blocks [0, 50) granted again from {gone}");
 }
 
 /// The documented procedure with only the application's table subscribed: the application
@@ -312,7 +319,8 @@ fn a_switchover_through_pg_createsubscriber_continues_every_counter_and_timestam
     wait_caught_up(&old, &standby, "bg");
     let mut n = standby.connect();
     exec(&mut n, "ALTER SUBSCRIPTION bg DISABLE");
-    exec(&mut n, &format!("SELECT tso_seed({handed})"));
+    // tso_seed() serves at or above its argument; the old cluster issued in `handed` itself.
+    exec(&mut n, &format!("SELECT tso_seed({handed} + 1)"));
     let app = App::start(&standby);
     thread::sleep(Duration::from_secs(3));
     let on_new = app.stop();

@@ -119,6 +119,24 @@ SELECT regress.try($$DELETE FROM tsoracle.seq WHERE key = 'k'$$);
 ROLLBACK;
 SELECT tso_seq_peek('k') AS k_still_there;
 SELECT regress.try('TRUNCATE tsoracle.resolved');
+-- As a subscriber's apply runs (session_replication_role = replica): a delete is skipped, the
+-- row kept; a truncate is refused, as in any session; a lowering update is raised back.
+BEGIN;
+SET LOCAL session_replication_role = replica;
+SELECT regress.try($$DELETE FROM tsoracle.seq WHERE key = 'k'$$);
+SELECT regress.try('TRUNCATE tsoracle.seq');
+ROLLBACK;
+BEGIN;
+SET LOCAL session_replication_role = replica;
+DELETE FROM tsoracle.seq WHERE key = 'k';
+DELETE FROM tsoracle.lease WHERE holder = 'h';
+DELETE FROM tsoracle.high_water;
+UPDATE tsoracle.seq SET next = 0 WHERE key = 'k';
+SELECT (SELECT count(*) FROM tsoracle.seq WHERE key = 'k') AS seq_kept,
+       (SELECT next > 0 FROM tsoracle.seq WHERE key = 'k') AS seq_not_lowered,
+       (SELECT count(*) FROM tsoracle.lease WHERE holder = 'h') AS lease_kept,
+       (SELECT count(*) FROM tsoracle.high_water) AS high_water_kept;
+ROLLBACK;
 
 -- Parallel mode: a function that issues a value refuses inside a parallel operation (as
 -- nextval() does), also called from a function that claims to be PARALLEL SAFE (PL/pgSQL, so
