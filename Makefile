@@ -11,9 +11,10 @@ TEST_MAJORS ?= $(PG_MAJORS)
 QUICK_SUITES := foundation harness leases lease_concurrency sequences seq_in_place security clocks drops resolved pooler
 # ... and on the oldest and the newest, also the crash, failover and backup suites, the DBA's
 # routine operations under load (their locks are the same on every major) and the blue/green
-# switchovers (a subscription on 15, and on 18 also pg_createsubscriber, which came in 17).
+# switchovers (a subscription on 15, and on 18 also pg_createsubscriber, which came in 17), and
+# a fleet (an oracle that fails over, members that restart).
 FULL_MAJORS ?= 15 18
-FULL_SUITES := $(QUICK_SUITES) replication backup patroni operations bluegreen
+FULL_SUITES := $(QUICK_SUITES) replication backup patroni operations bluegreen fleet
 # pg_upgrade from upstream 15 (scripts/postgresql-versions says why not Debian's) to 18.
 UPGRADE_FROM ?= 15-upstream
 UPGRADE_TO ?= 18

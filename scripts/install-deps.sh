@@ -3,7 +3,8 @@
 # than what is asked:
 #
 #   scripts/install-deps.sh [MAJOR]     build and install for one PostgreSQL major (default 15):
-#                                       clang/libclang for bindgen, pkg-config, make, that
+#                                       clang/libclang for bindgen, pkg-config, make, libpq
+#                                       (a member connects to its oracle with it), that
 #                                       major (Debian's packages for 15, with its server
 #                                       headers; the pinned build of scripts/pg-install.sh for
 #                                       16-18, which needs patchelf), cargo-pgrx 0.18.0
@@ -19,7 +20,7 @@ set -euo pipefail
 
 PGRX_VERSION=0.18.0
 HERE=$(cd "$(dirname "$0")" && pwd)
-BUILD_PACKAGES=(libclang-dev clang pkg-config make)
+BUILD_PACKAGES=(libclang-dev clang pkg-config make libpq-dev)
 TEST_PACKAGES=(sudo patroni etcd-server etcd-client pgbouncer prometheus-postgres-exporter prometheus)
 # The systemd units of TEST_PACKAGES that Debian starts (and enables) on install, as
 # package:unit: the tests start their own instances on free loopback ports, and these must not

@@ -61,7 +61,7 @@ Version: $VERSION-$REVISION
 Architecture: $ARCH
 Maintainer: tsoracle developers <tsoracle@localhost>
 Installed-Size: $size
-Depends: postgresql-$MAJOR, libc6 (>= $libc_version), libgcc-s1
+Depends: postgresql-$MAJOR, libc6 (>= $libc_version), libgcc-s1, libpq5
 Section: database
 Priority: optional
 Description: timestamp oracle and durable sequence allocator for PostgreSQL $MAJOR

@@ -31,6 +31,8 @@ check "make install PG_MAJOR=15 installs PostgreSQL 15 and its headers" \
 check "make install PG_MAJOR=15 installs no other major" test "$(count "$b15" '^postgresql ')" = 1
 check "make install PG_MAJOR=18 installs PostgreSQL 18 (and patchelf for it) only" \
     bash -c "grep -qx 'postgresql 18' <<<'$b18' && grep -qx 'package patchelf' <<<'$b18' && [ \$(grep -c '^postgresql ' <<<'$b18') = 1 ]"
+check "make install (15 and 18) installs libpq, which a member connects to its oracle with" \
+    bash -c "grep -qx 'package libpq-dev' <<<'$b15' && grep -qx 'package libpq-dev' <<<'$b18'"
 for p in patroni etcd-server etcd-client sudo patchelf postgresql-server-dev-15 $pooler; do
     check "make test installs $p" has "$t" "package $p"
 done

@@ -253,3 +253,31 @@ GRANT EXECUTE ON FUNCTION tso_seq(text, integer) TO tsoracle_seq_user;
 GRANT EXECUTE ON FUNCTION tso_seq_batch(text[], integer[]) TO tsoracle_seq_user;
 GRANT EXECUTE ON FUNCTION tso_seq_peek(text) TO tsoracle_seq_user;
 GRANT EXECUTE ON FUNCTION tso_seq_drop(text) TO tsoracle_seq_user;
+
+-- A fleet (docs/fleet.md): the functions a member's worker calls on its oracle, executable by
+-- tsoracle_member only. Grant it to the role the members log in as: that is all it needs.
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'tsoracle_member') THEN
+        CREATE ROLE tsoracle_member NOLOGIN;
+    END IF;
+END
+$$;
+REVOKE EXECUTE ON FUNCTION tsoracle.member_hello(bigint, text) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION tsoracle.member_next(integer) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION tsoracle.member_seq(text[], integer[]) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION tsoracle.member_seq_peek(text) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION tsoracle.member_seq_drop(text) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION tsoracle.member_lease_acquire(text, bigint, integer, boolean) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION tsoracle.member_lease_renew(bigint, boolean) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION tsoracle.member_lease_release(bigint) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION tsoracle.member_safe_frontier() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION tsoracle.member_hello(bigint, text) TO tsoracle_member;
+GRANT EXECUTE ON FUNCTION tsoracle.member_next(integer) TO tsoracle_member;
+GRANT EXECUTE ON FUNCTION tsoracle.member_seq(text[], integer[]) TO tsoracle_member;
+GRANT EXECUTE ON FUNCTION tsoracle.member_seq_peek(text) TO tsoracle_member;
+GRANT EXECUTE ON FUNCTION tsoracle.member_seq_drop(text) TO tsoracle_member;
+GRANT EXECUTE ON FUNCTION tsoracle.member_lease_acquire(text, bigint, integer, boolean) TO tsoracle_member;
+GRANT EXECUTE ON FUNCTION tsoracle.member_lease_renew(bigint, boolean) TO tsoracle_member;
+GRANT EXECUTE ON FUNCTION tsoracle.member_lease_release(bigint) TO tsoracle_member;
+GRANT EXECUTE ON FUNCTION tsoracle.member_safe_frontier() TO tsoracle_member;

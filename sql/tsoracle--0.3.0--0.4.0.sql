@@ -225,3 +225,151 @@ ALTER TABLE tsoracle.lease ENABLE ALWAYS TRIGGER keep_what_was_issued_delete;
 ALTER TABLE tsoracle.high_water ENABLE ALWAYS TRIGGER keep_what_was_issued_truncate;
 ALTER TABLE tsoracle.seq ENABLE ALWAYS TRIGGER keep_what_was_issued_truncate;
 ALTER TABLE tsoracle.lease ENABLE ALWAYS TRIGGER keep_what_was_issued_truncate;
+
+-- A fleet (docs/fleet.md): what an oracle serves its members, and a member's status.
+CREATE  FUNCTION "tso_member_status"() RETURNS TABLE (
+	"oracle" TEXT,  /* String */
+	"connected" bool,  /* bool */
+	"oracle_pid" INT,  /* Option < i32 > */
+	"oracle_epoch" bigint,  /* Option < i64 > */
+	"connects" bigint,  /* i64 */
+	"round_trips" bigint,  /* i64 */
+	"calls_served" bigint,  /* i64 */
+	"values_fetched" bigint,  /* i64 */
+	"values_per_round_trip" double precision,  /* Option < f64 > */
+	"mean_round_trip_ms" double precision,  /* Option < f64 > */
+	"last_round_trip_ms" double precision,  /* Option < f64 > */
+	"last_error" TEXT,  /* Option < String > */
+	"last_error_at" timestamp with time zone  /* Option < TimestampWithTimeZone > */
+)
+STRICT VOLATILE PARALLEL SAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'tso_member_status_wrapper';
+
+CREATE  FUNCTION tsoracle."member_safe_frontier"() RETURNS TABLE (
+	"frontier" bigint,  /* i64 */
+	"epoch" bigint  /* i64 */
+)
+STRICT VOLATILE PARALLEL UNSAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'member_safe_frontier_wrapper';
+
+CREATE  FUNCTION tsoracle."member_seq_peek"(
+	"key" TEXT /* & str */
+) RETURNS TABLE (
+	"next" bigint,  /* Option < i64 > */
+	"epoch" bigint  /* i64 */
+)
+STRICT VOLATILE PARALLEL UNSAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'member_seq_peek_wrapper';
+
+CREATE  FUNCTION tsoracle."member_seq"(
+	"keys" TEXT[], /* Vec < String > */
+	"counts" INT[] /* Vec < i32 > */
+) RETURNS TABLE (
+	"start" bigint,  /* i64 */
+	"epoch" bigint  /* i64 */
+)
+STRICT VOLATILE PARALLEL UNSAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'member_seq_wrapper';
+
+CREATE  FUNCTION tsoracle."member_next"(
+	"count" INT /* i32 */
+) RETURNS TABLE (
+	"first" bigint,  /* i64 */
+	"epoch" bigint  /* i64 */
+)
+STRICT VOLATILE PARALLEL UNSAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'member_next_wrapper';
+
+CREATE  FUNCTION tsoracle."member_lease_renew"(
+	"id" bigint, /* i64 */
+	"legacy" bool /* bool */
+) RETURNS TABLE (
+	"lease_id" bigint,  /* i64 */
+	"ts_lower_bound" bigint,  /* i64 */
+	"ts_upper_bound" bigint,  /* i64 */
+	"expires_at_ms" bigint,  /* i64 */
+	"lease_epoch" INT,  /* i32 */
+	"epoch" bigint  /* i64 */
+)
+STRICT VOLATILE PARALLEL UNSAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'member_lease_renew_wrapper';
+
+CREATE  FUNCTION tsoracle."member_seq_drop"(
+	"key" TEXT /* & str */
+) RETURNS TABLE (
+	"dropped" bool,  /* bool */
+	"epoch" bigint  /* i64 */
+)
+STRICT VOLATILE PARALLEL UNSAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'member_seq_drop_wrapper';
+
+CREATE  FUNCTION tsoracle."member_hello"(
+	"member_system_id" bigint, /* i64 */
+	"member_version" TEXT /* & str */
+) RETURNS TABLE (
+	"system_id" bigint,  /* i64 */
+	"version" TEXT,  /* String */
+	"epoch" bigint  /* i64 */
+)
+STRICT VOLATILE PARALLEL UNSAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'member_hello_wrapper';
+
+CREATE  FUNCTION tsoracle."member_lease_release"(
+	"lease_id" bigint /* i64 */
+) RETURNS bigint /* i64 */
+STRICT VOLATILE PARALLEL UNSAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'member_lease_release_wrapper';
+
+CREATE  FUNCTION tsoracle."member_lease_acquire"(
+	"holder" TEXT, /* & str */
+	"holder_epoch" bigint, /* i64 */
+	"ttl_ms" INT, /* i32 */
+	"legacy" bool /* bool */
+) RETURNS TABLE (
+	"lease_id" bigint,  /* i64 */
+	"ts_lower_bound" bigint,  /* i64 */
+	"ts_upper_bound" bigint,  /* i64 */
+	"expires_at_ms" bigint,  /* i64 */
+	"lease_epoch" INT,  /* i32 */
+	"epoch" bigint  /* i64 */
+)
+STRICT VOLATILE PARALLEL UNSAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'member_lease_acquire_wrapper';
+
+-- A fleet (docs/fleet.md): the functions a member's worker calls on its oracle, executable by
+-- tsoracle_member only. Grant it to the role the members log in as: that is all it needs.
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'tsoracle_member') THEN
+        CREATE ROLE tsoracle_member NOLOGIN;
+    END IF;
+END
+$$;
+REVOKE EXECUTE ON FUNCTION tsoracle.member_hello(bigint, text) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION tsoracle.member_next(integer) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION tsoracle.member_seq(text[], integer[]) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION tsoracle.member_seq_peek(text) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION tsoracle.member_seq_drop(text) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION tsoracle.member_lease_acquire(text, bigint, integer, boolean) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION tsoracle.member_lease_renew(bigint, boolean) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION tsoracle.member_lease_release(bigint) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION tsoracle.member_safe_frontier() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION tsoracle.member_hello(bigint, text) TO tsoracle_member;
+GRANT EXECUTE ON FUNCTION tsoracle.member_next(integer) TO tsoracle_member;
+GRANT EXECUTE ON FUNCTION tsoracle.member_seq(text[], integer[]) TO tsoracle_member;
+GRANT EXECUTE ON FUNCTION tsoracle.member_seq_peek(text) TO tsoracle_member;
+GRANT EXECUTE ON FUNCTION tsoracle.member_seq_drop(text) TO tsoracle_member;
+GRANT EXECUTE ON FUNCTION tsoracle.member_lease_acquire(text, bigint, integer, boolean) TO tsoracle_member;
+GRANT EXECUTE ON FUNCTION tsoracle.member_lease_renew(bigint, boolean) TO tsoracle_member;
+GRANT EXECUTE ON FUNCTION tsoracle.member_lease_release(bigint) TO tsoracle_member;
+GRANT EXECUTE ON FUNCTION tsoracle.member_safe_frontier() TO tsoracle_member;

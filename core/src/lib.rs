@@ -8,6 +8,7 @@ pub mod error;
 pub mod fence;
 pub mod lease;
 pub mod locks;
+pub mod member;
 pub mod queue;
 pub mod resolved;
 pub mod row_page;

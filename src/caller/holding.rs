@@ -27,9 +27,15 @@ pub fn hold(signals: &Signals) -> Result<bool, TsoError> {
         ));
     };
     register_callbacks();
-    // The window's next only grows, and every grant is at or above it: a lower bound.
+    // The window's next only grows, and every grant is at or above it: a lower bound. On a
+    // member, the floor of what the oracle will answer (every value fetched after now).
+    let floor = if crate::pg::guc::is_member() {
+        signals.member_floor.get()
+    } else {
+        signals.window.next_ts()
+    };
     // SAFETY: a plain read of this process's pid.
-    slot.publish(signals.window.next_ts(), unsafe { pg_sys::MyProcPid });
+    slot.publish(floor, unsafe { pg_sys::MyProcPid });
     // The slot is visible to any reader whose fence comes after this one; a reader whose
     // fence came first read a window `next` at or below what this grant will get.
     fence(Ordering::SeqCst);

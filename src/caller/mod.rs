@@ -3,6 +3,7 @@
 //!
 //! - `window`: take timestamps from the shared window, or wait (bounded) for the worker;
 //! - `requests`: hand a call that changes durable state to the worker and wait for its answer;
+//! - `member`: on a member of a fleet, timestamps from the oracle through the worker;
 //! - `holding`: hold the resolved timestamp below what this backend's transaction took;
 //! - `resolved`: read `R` (from shared memory on a primary, the replayed table on a standby);
 //! - `seq_in_place`: advance an existing counter in the calling backend;
@@ -14,6 +15,7 @@
 
 pub mod guard;
 pub mod holding;
+pub mod member;
 pub mod requests;
 pub mod resolved;
 pub mod restore;

@@ -4,8 +4,11 @@
 
 use crate::pg::error::TsoError;
 use crate::pg::guc;
+use crate::shmem::member::MEMBER;
 use crate::shmem::queue::my_queue_index;
-use crate::shmem::{self, not_serving, Phase, Reply, ReplyCode, Request, ORACLE, QUEUE};
+use crate::shmem::{
+    self, not_serving, Phase, Reply, ReplyCode, Request, RequestKind, ORACLE, QUEUE,
+};
 use pgrx::pg_guard;
 use pgrx::pg_sys;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -52,6 +55,10 @@ fn wait_on_latch<T>(
 /// call may lose its effect (a gap), which is never given to anyone else.
 pub fn submit(requests: &[Request]) -> Result<Vec<Reply>, TsoError> {
     let signals = shmem::signals()?;
+    // A member whose worker refuses (a connection string libpq cannot read) says so at once.
+    if guc::is_member() && ORACLE.share().phase == Phase::Refused {
+        return Err(not_serving(signals, Phase::Refused));
+    }
     release_entry_at_exit();
     // SAFETY: plain reads of backend globals, set for every backend that runs SQL.
     let (role, waiter) = unsafe { (pg_sys::GetUserId().to_u32(), pg_sys::MyLatch as usize) };
@@ -89,7 +96,17 @@ pub fn submit(requests: &[Request]) -> Result<Vec<Reply>, TsoError> {
         _ => {
             let maybe_done = pending.abandon();
             let phase = ORACLE.share().phase;
-            Err(if maybe_done {
+            // On a member, a timestamp or a read lost on the way is simply not returned: the
+            // call can be retried (57P03); a block or a lease may have been granted (40003).
+            let rereadable = requests.iter().all(|r| {
+                matches!(
+                    r.kind,
+                    RequestKind::Next | RequestKind::SafeFrontier | RequestKind::SeqPeek
+                )
+            });
+            Err(if guc::is_member() && (rereadable || !maybe_done) {
+                member_not_answering()
+            } else if maybe_done {
                 TsoError::OutcomeUnknown(format!(
                     "timed out after {} ms waiting for the tsoracle worker to commit",
                     guc::extension_timeout_ms()
@@ -201,6 +218,8 @@ pub fn reply_error(reply: &Reply, what: &str) -> Option<TsoError> {
         ReplyCode::Failed => Some(TsoError::NotServing(format!(
             "the tsoracle worker could not commit {what} and rolled it back (the server log says why)"
         ))),
+        ReplyCode::Remote => Some(remote_error(reply, what)),
+        ReplyCode::Lost => Some(TsoError::OracleAnswerLost(what.to_string())),
         ReplyCode::Busy => Some(TsoError::Busy {
             what: if reply.table_locked {
                 format!("the table that holds {what}")
@@ -211,4 +230,33 @@ pub fn reply_error(reply: &Reply, what: &str) -> Option<TsoError> {
         }),
         _ => None,
     }
+}
+
+/// The error the oracle answered a call with (`ReplyCode::Remote`), or what became of it.
+fn remote_error(reply: &Reply, what: &str) -> TsoError {
+    let generation = u64::try_from(reply.epoch).unwrap_or(0);
+    match MEMBER.share().error_of(generation) {
+        // Not served in time: retryable, with the member's HINT.
+        Some(e) if &e.sqlstate == b"57P03" && e.hint.get().is_none() => {
+            TsoError::OracleUnreachable(
+                e.message.get().unwrap_or_else(|| format!("the oracle did not serve {what}")),
+            )
+        }
+        Some(e) => TsoError::Oracle {
+            sqlstate: e.sqlstate,
+            message: e.message.get().unwrap_or_else(|| format!("the oracle refused {what}")),
+            hint: e.hint.get(),
+        },
+        None => TsoError::OracleUnreachable(format!("the oracle refused {what}")),
+    }
+}
+
+/// Why the member serves nothing now, for a caller that waited in vain.
+fn member_not_answering() -> TsoError {
+    let st = MEMBER.share();
+    TsoError::OracleUnreachable(match (st.connected, st.last_error.get()) {
+        (_, Some(why)) => why,
+        (true, None) => "no answer within tsoracle.extension_timeout_ms".into(),
+        (false, None) => "the member's worker is connecting to the oracle".into(),
+    })
 }

@@ -68,6 +68,7 @@ pub fn try_advance(key: &str, count: u64) -> Result<Option<i64>, TsoError> {
     // SAFETY: a process-local global set from the server's configuration.
     let wal_level = unsafe { pg_sys::wal_level };
     if !guc::seq_in_place()
+        || guc::is_member()
         || guc::require_synchronous_standby()
         || wal_level < pg_sys::WalLevel::WAL_LEVEL_REPLICA as c_int
         || (synchronous_standbys_configured() && !guc::test_seq_in_place_under_sync())

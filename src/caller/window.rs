@@ -72,6 +72,9 @@ pub fn next(count: i64) -> Result<u64, TsoError> {
                 "count must be between 1 and {MAX_BATCH}, got {count}"
             ))
         })?;
+    if guc::is_member() {
+        return super::member::next(count);
+    }
 
     // The resolved timestamp: this transaction holds what it takes until it ends.
     let fresh = holding::hold(signals)?;

@@ -76,8 +76,33 @@ pub enum TsoError {
     #[error("cannot call {0} during a parallel operation")]
     ParallelMode(&'static str),
 
+    /// On a member: the oracle could not be reached, or did not answer, in time. Retryable.
+    #[error("tsoracle's oracle did not answer: {0}")]
+    OracleUnreachable(String),
+
+    /// On a member: the request reached the oracle and its answer was lost; it may or may not
+    /// have been carried out there. Never retried automatically.
+    #[error("the answer of tsoracle's oracle to {0} was lost; the outcome is unknown")]
+    OracleAnswerLost(String),
+
+    /// On a member: the oracle's own error for the call, raised as it came.
+    #[error("{message}")]
+    Oracle { sqlstate: [u8; 5], message: String, hint: Option<String> },
+
+    /// A function that acts on this cluster's own oracle, called on a member of a fleet.
+    #[error("{0} cannot run on a member of a fleet: its timestamps come from the oracle tsoracle.oracle names")]
+    NotOnAMember(&'static str),
+
     #[error("tsoracle internal error: {0}")]
     Internal(String),
+}
+
+/// PostgreSQL's packing of a five-character SQLSTATE (`MAKE_SQLSTATE`).
+fn packed_sqlstate(code: &[u8; 5]) -> i32 {
+    code.iter()
+        .enumerate()
+        .map(|(i, &c)| ((i32::from(c) - i32::from(b'0')) & 0x3F) << (6 * i))
+        .sum()
 }
 
 impl TsoError {
@@ -101,6 +126,10 @@ impl TsoError {
             TsoError::WaitOnItself(_) => ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
             TsoError::Busy { .. } => ERRCODE_LOCK_NOT_AVAILABLE,
             TsoError::ParallelMode(_) => ERRCODE_INVALID_TRANSACTION_STATE,
+            TsoError::OracleUnreachable(_) => ERRCODE_CANNOT_CONNECT_NOW,
+            TsoError::OracleAnswerLost(_) => ERRCODE_T_R_STATEMENT_COMPLETION_UNKNOWN,
+            TsoError::Oracle { sqlstate, .. } => PgSqlErrorCode::from(packed_sqlstate(sqlstate)),
+            TsoError::NotOnAMember(_) => ERRCODE_FEATURE_NOT_SUPPORTED,
             TsoError::Internal(_) => ERRCODE_INTERNAL_ERROR,
         }
     }
@@ -151,6 +180,16 @@ impl TsoError {
                 "tsoracle's functions that issue values are PARALLEL UNSAFE, as nextval() is: call them outside parallel queries, and do not wrap them in a function marked PARALLEL SAFE."
                     .into(),
             ),
+            TsoError::OracleUnreachable(_) => Some(
+                "This cluster is a member of a fleet (tsoracle.oracle): retry the call. If it persists, SELECT * FROM tso_member_status() shows what the member's worker last heard from the oracle."
+                    .into(),
+            ),
+            TsoError::OracleAnswerLost(_) => Some(
+                "The connection to the oracle broke after the request was sent: it may have been carried out there (a block is then a gap, never granted twice). It is not retried for you: check with tso_seq_peek() before you retry."
+                    .into(),
+            ),
+            TsoError::Oracle { hint, .. } => hint.clone(),
+            TsoError::NotOnAMember(what) => Some(format!("Run {what} on the oracle.")),
             _ => None,
         }
     }

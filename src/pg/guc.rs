@@ -6,6 +6,7 @@ use std::ffi::CString;
 
 static DATABASE: GucSetting<Option<CString>> =
     GucSetting::<Option<CString>>::new(Some(c"postgres"));
+static ORACLE: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
 static WINDOW_AHEAD_MS: GucSetting<i32> = GucSetting::<i32>::new(3000);
 static FAILOVER_ADVANCE_MS: GucSetting<i32> = GucSetting::<i32>::new(1000);
 static EXTENSION_TIMEOUT_MS: GucSetting<i32> = GucSetting::<i32>::new(5000);
@@ -37,6 +38,14 @@ pub fn define() {
         &DATABASE,
         GucContext::Postmaster,
         GucFlags::default(),
+    );
+    GucRegistry::define_string_guc(
+        c"tsoracle.oracle",
+        c"Connection string of the oracle cluster this cluster is a member of (empty: it is its own oracle).",
+        c"A libpq connection string; several hosts with target_session_attrs=read-write find the oracle's primary after a failover. Keep the password out of it (a passfile or a certificate): only superusers can read this setting. Changing it requires a restart.",
+        &ORACLE,
+        GucContext::Postmaster,
+        GucFlags::SUPERUSER_ONLY,
     );
     GucRegistry::define_int_guc(
         c"tsoracle.window_ahead_ms",
@@ -228,6 +237,18 @@ pub fn database() -> String {
         .get()
         .map(|c| c.to_string_lossy().into_owned())
         .unwrap_or_else(|| "postgres".to_string())
+}
+
+/// The oracle's connection string on a member of a fleet (`tsoracle.oracle`); `None` on a
+/// cluster that is its own oracle.
+pub fn oracle() -> Option<String> {
+    ORACLE.get().map(|c| c.to_string_lossy().trim().to_string()).filter(|c| !c.is_empty())
+}
+
+/// This cluster is a member of a fleet: its timestamps, blocks and leases come from the
+/// oracle `tsoracle.oracle` names.
+pub fn is_member() -> bool {
+    ORACLE.get().is_some_and(|c| !c.to_bytes().iter().all(u8::is_ascii_whitespace))
 }
 
 pub fn window_ahead_ms() -> u64 {

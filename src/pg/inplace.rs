@@ -154,6 +154,21 @@ pub unsafe fn write_logged(buffer: pg_sys::Buffer, at: usize, values: &[i64]) ->
     }
 }
 
+/// A position at or past the end of every WAL record inserted so far (by any backend), that
+/// `make_durable` can flush to: the end of a no-op record inserted now. The insert position
+/// itself is not one (at a page boundary it points past the next page's header, which no
+/// flush can reach until more WAL is written, and `XLogFlush` then fails).
+pub fn end_of_wal() -> u64 {
+    let mut byte = [0u8; 1];
+    // SAFETY: a record of the XLOG resource manager's no-op type with one byte of data, as
+    // any backend may insert (replay ignores it); the data lives until after XLogInsert.
+    unsafe {
+        pg_sys::XLogBeginInsert();
+        pg_sys::XLogRegisterData(byte.as_mut_ptr() as _, 1 as _);
+        pg_sys::XLogInsert(pg_sys::RmgrIds::RM_XLOG_ID as pg_sys::RmgrId, pg_sys::XLOG_NOOP as u8)
+    }
+}
+
 /// A write made in place was not acknowledged by the synchronous standbys: a cancel cut the
 /// wait short. It is never served from.
 #[derive(Clone, Copy, Debug)]

@@ -5,7 +5,8 @@
 //! with the tests' clock offset in a shared-memory block of its own), what differs between
 //! PostgreSQL 15 and 18 (`compat`), the errors raised to SQL with their SQLSTATE and HINT
 //! (`error`), standby and synchronous-replication helpers (`replica`), catalog lookups of the
-//! extension's own objects (`catalog`), and the `#[pg_test]` helpers (`testing`).
+//! extension's own objects (`catalog`), a client connection to another server (`libpq`, for
+//! a member and its oracle), and the `#[pg_test]` helpers (`testing`).
 //!
 //! May use: pgrx, `tsoracle-core`, the standard library. Nothing in `sql`, `caller`,
 //! `shmem` or `worker`.
@@ -16,6 +17,7 @@ pub mod compat;
 pub mod error;
 pub mod guc;
 pub mod inplace;
+pub mod libpq;
 pub mod locks;
 pub mod replica;
 pub mod xact;
@@ -41,4 +43,17 @@ pub fn mark_worker_process() {
 /// Whether this process is the tsoracle worker.
 pub fn is_worker_process() -> bool {
     IN_WORKER.load(Ordering::Relaxed)
+}
+
+/// This server's system identifier (`pg_control_system()`), by which a member and its
+/// oracle tell each other apart.
+pub fn system_identifier() -> u64 {
+    // SAFETY: a read of the control file's copy in shared memory, valid in any backend.
+    unsafe { pgrx::pg_sys::GetSystemIdentifier() }
+}
+
+/// Whether a member and an oracle of these library versions work together: the same minor.
+pub fn compatible_versions(a: &str, b: &str) -> bool {
+    let minor = |v: &str| v.split('.').take(2).collect::<Vec<_>>().join(".");
+    minor(a) == minor(b)
 }

@@ -134,7 +134,12 @@ pub static HOLDERS: SharedHolders = SharedHolders::new(c"tsoracle_holders");
 /// `R` computed before (in this server's life; after a restart or a promotion the fence
 /// starts above every value issued before, so `R` goes on above those too).
 pub fn primary_resolved(signals: &Signals) -> Result<u64, TsoError> {
-    let next = signals.window.next_ts();
+    // On a member: the floor of what the oracle will answer, as the window's next is here.
+    let next = if crate::pg::guc::is_member() {
+        signals.member_floor.get()
+    } else {
+        signals.window.next_ts()
+    };
     if next == 0 {
         // Nothing opened since this server (re)started: the fence has not run yet.
         return Err(not_serving(signals, ORACLE.share().phase));

@@ -6,7 +6,9 @@
 //!   latches and condition variables between callers and the worker;
 //! - `queue`: the request queue (one entry per backend) and its requests and replies;
 //! - `leases`: the bounds of the live leases, for the safe frontier and `R`;
-//! - `holders`: the resolved timestamp's holder slots, and `R` on a primary.
+//! - `holders`: the resolved timestamp's holder slots, and `R` on a primary;
+//! - `member`: on a member of a fleet, what its worker (the proxy to the oracle) shares with
+//!   the callers.
 //!
 //! Everything here is reinitialised by the postmaster after a crash restart, so the oracle
 //! comes back not serving and the worker's fence must run before anything is issued.
@@ -15,6 +17,7 @@
 
 pub mod holders;
 pub mod leases;
+pub mod member;
 pub mod oracle;
 pub mod queue;
 pub mod signals;
@@ -28,6 +31,7 @@ pub use signals::{signals, Signals};
 pub fn init() {
     // pg_shmem_init! expands to a #[pg_guard] hook calling into pg_sys.
     use holders::{HoldersInit, HOLDERS};
+    use member::MEMBER;
     use pgrx::{pg_guard, pg_sys};
     use queue::QueueInit;
     use signals::{SignalsInit, SIGNALS};
@@ -36,6 +40,7 @@ pub fn init() {
     pgrx::pg_shmem_init!(LEASE_BOUNDS);
     pgrx::pg_shmem_init!(SIGNALS = SignalsInit);
     pgrx::pg_shmem_init!(HOLDERS = HoldersInit);
+    pgrx::pg_shmem_init!(MEMBER);
     #[cfg(feature = "clock-fault")]
     crate::pg::clock::fault::init();
 }

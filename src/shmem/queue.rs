@@ -27,6 +27,10 @@ pub enum RequestKind {
     LeaseRenew,
     /// arg = lease id.
     LeaseRelease,
+    /// On a member: `count` consecutive timestamps from the oracle (`tso_next()` and kin).
+    Next,
+    /// On a member: the oracle's safe frontier.
+    SafeFrontier,
 }
 
 /// How the worker answered.
@@ -56,6 +60,12 @@ pub enum ReplyCode {
     Busy,
     /// The worker's transaction failed and was rolled back (the server log says why).
     Failed,
+    /// On a member: the oracle answered with an error, kept in `shmem::member::MEMBER` under
+    /// the call's generation (`Reply::epoch`).
+    Remote,
+    /// On a member: the request was sent to the oracle and its answer lost (the connection
+    /// broke): it may or may not have been carried out there.
+    Lost,
 }
 
 #[derive(Clone, Copy, Debug)]

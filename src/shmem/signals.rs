@@ -75,6 +75,8 @@ pub struct Signals {
     handover_requested: AtomicBool,
     /// Set when a restore wrote the durable tables underneath the worker: fence again.
     refence_requested: AtomicBool,
+    /// On a member of a fleet: where the next value from the oracle may start.
+    pub member_floor: CacheLine<super::member::MemberFloor>,
 }
 
 // SAFETY: atomics, PostgreSQL condition variables (made to live in shared memory, used only
@@ -302,6 +304,7 @@ impl PgSharedMemoryInitialization for SharedSignals {
                     seed_epoch: AtomicU64::new(0),
                     handover_requested: AtomicBool::new(false),
                     refence_requested: AtomicBool::new(false),
+                    member_floor: CacheLine(super::member::MemberFloor::default()),
                 });
                 pg_sys::ConditionVariableInit((*ptr).window_moved.get());
                 pg_sys::ConditionVariableInit((*ptr).requests_answered.get());

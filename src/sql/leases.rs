@@ -90,12 +90,12 @@ fn tso_lease_acquire_bounds(
 
 /// What a grant or renewal gives the holder.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Grant {
-    lease_id: i64,
-    lower: i64,
-    upper: i64,
-    expires_at_ms: i64,
-    epoch: i32,
+pub(super) struct Grant {
+    pub(super) lease_id: i64,
+    pub(super) lower: i64,
+    pub(super) upper: i64,
+    pub(super) expires_at_ms: i64,
+    pub(super) epoch: i32,
 }
 
 impl Grant {
@@ -110,7 +110,7 @@ impl Grant {
     }
 }
 
-fn acquire(
+pub(super) fn acquire(
     holder: Option<&str>,
     holder_epoch: Option<i64>,
     ttl_ms: Option<i32>,
@@ -171,7 +171,7 @@ fn tso_lease_renew_bounds(
     TableIterator::once((g.lower, g.upper, g.expires_at_ms, g.epoch))
 }
 
-fn renew(lease_id: i64, legacy: bool, what: &'static str) -> Result<Grant, TsoError> {
+pub(super) fn renew(lease_id: i64, legacy: bool, what: &'static str) -> Result<Grant, TsoError> {
     refuse_in_parallel_mode(what)?;
     ensure_primary("renew leases")?;
     let request = Request::new(RequestKind::LeaseRenew, "", 0).with_arg(lease_id);
@@ -188,7 +188,7 @@ fn tso_lease_release(lease_id: i64) {
     release(lease_id).or_report()
 }
 
-fn release(lease_id: i64) -> Result<(), TsoError> {
+pub(super) fn release(lease_id: i64) -> Result<(), TsoError> {
     refuse_in_parallel_mode("tso_lease_release()")?;
     ensure_primary("release leases")?;
     let reply = one_reply(Request::new(RequestKind::LeaseRelease, "", 0).with_arg(lease_id))?;
@@ -205,9 +205,12 @@ fn tso_safe_frontier() -> i64 {
     safe_frontier().or_report()
 }
 
-fn safe_frontier() -> Result<i64, TsoError> {
+pub(super) fn safe_frontier() -> Result<i64, TsoError> {
     let signals = shmem::signals()?;
     ensure_primary("compute the safe frontier")?;
+    if crate::pg::guc::is_member() {
+        return crate::caller::member::safe_frontier();
+    }
     let mut phase = Phase::Starting;
     let high_water = wait_for_worker(signals, || {
         let st = ORACLE.share();

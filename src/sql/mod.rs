@@ -7,10 +7,13 @@
 //! - `leases`: the lease functions and `tso_safe_frontier`;
 //! - `resolved`: `tso_resolved`, `tso_wait_resolved`, `tso_resolved_status`;
 //! - `status`: `tso_status`, `tso_clock`;
-//! - `restore`: `tsoracle.note_restore`, for the triggers of the durable tables.
+//! - `restore`: `tsoracle.note_restore`, for the triggers of the durable tables;
+//! - `fleet`: what an oracle serves its members (`tsoracle.member_hello`,
+//!   `tsoracle.member_next`) and `tso_member_status()` on a member.
 //!
 //! May use: `caller`, `shmem` and `pg`. Nothing uses it.
 
+mod fleet;
 mod leases;
 mod resolved;
 mod restore;

@@ -42,7 +42,7 @@ fn start_of(key: &str, count: u64, reply: Reply) -> Result<i64, TsoError> {
     }
 }
 
-fn advance(key: Option<&str>, count: Option<i32>) -> Result<i64, TsoError> {
+pub(super) fn advance(key: Option<&str>, count: Option<i32>) -> Result<i64, TsoError> {
     refuse_in_parallel_mode("tso_seq()")?;
     let key = checked_key(key)?;
     let count = checked_count(count)?;
@@ -71,7 +71,7 @@ fn tso_seq_batch(
     TableIterator::new(batch(keys, counts).or_report())
 }
 
-fn batch(
+pub(super) fn batch(
     keys: Option<Vec<Option<String>>>,
     counts: Option<Vec<Option<i32>>>,
 ) -> Result<Vec<(String, i64, i32)>, TsoError> {
@@ -120,7 +120,7 @@ fn tso_seq_peek(key: Option<&str>) -> Option<i64> {
     peek(key).or_report()
 }
 
-fn peek(key: Option<&str>) -> Result<Option<i64>, TsoError> {
+pub(super) fn peek(key: Option<&str>) -> Result<Option<i64>, TsoError> {
     refuse_in_parallel_mode("tso_seq_peek()")?;
     let key = checked_key(key)?;
     ensure_primary("read a sequence")?;
@@ -146,7 +146,7 @@ fn tso_seq_drop(key: Option<&str>) -> bool {
     drop_key(key).or_report()
 }
 
-fn drop_key(key: Option<&str>) -> Result<bool, TsoError> {
+pub(super) fn drop_key(key: Option<&str>) -> Result<bool, TsoError> {
     refuse_in_parallel_mode("tso_seq_drop()")?;
     let key = checked_key(key)?;
     ensure_primary("drop a sequence")?;

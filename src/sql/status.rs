@@ -78,6 +78,22 @@ impl Status {
             status.worker_pid = None;
             return status;
         }
+        if crate::pg::guc::is_member() {
+            // A member issues nothing of its own: its values come from the oracle.
+            let member = *crate::shmem::member::MEMBER.share();
+            status.role = "member";
+            status.epoch = (member.oracle_epoch > 0).then_some(member.oracle_epoch as i64);
+            status.timestamps_issued = member.values_fetched as i64;
+            status.detail = Some(match st.phase {
+                Phase::Serving => super::fleet::member_summary(),
+                phase => format!(
+                    "{}: {}",
+                    super::fleet::member_summary(),
+                    shmem::not_serving(signals, phase)
+                ),
+            });
+            return status;
+        }
         if st.allocator.is_serving() {
             // The allocator's bookkeeping, brought up to what the lock-free window has issued.
             let mut allocator = st.allocator;

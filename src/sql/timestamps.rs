@@ -10,7 +10,7 @@ use pgrx::prelude::*;
 use tsoracle_core::timestamp;
 
 /// Microseconds between the Unix epoch and PostgreSQL's epoch (2000-01-01).
-const PG_EPOCH_OFFSET_US: i64 = 946_684_800_000_000;
+pub(crate) const PG_EPOCH_OFFSET_US: i64 = 946_684_800_000_000;
 
 /// The next timestamp: strictly greater than every one issued before it.
 #[pg_extern]
@@ -28,6 +28,14 @@ fn tso_next_batch(count: i32) -> i64 {
         .and_then(|()| window::next(i64::from(count)))
         .map(timestamp::to_sql)
         .or_report()
+}
+
+/// A member of a fleet has no oracle of its own: what acts on one is run on the oracle.
+fn refuse_on_a_member(what: &'static str) -> Result<(), TsoError> {
+    if guc::is_member() {
+        return Err(TsoError::NotOnAMember(what));
+    }
+    Ok(())
 }
 
 fn checked_ts(ts: i64) -> u64 {
@@ -107,6 +115,7 @@ fn seed(physical_ms: i64) -> Result<i64, TsoError> {
     let signals = shmem::signals()?;
     check_superuser("call tso_seed()")?;
     window::ensure_primary("seed the high-water")?;
+    refuse_on_a_member("tso_seed()")?;
     let target = u64::try_from(physical_ms)
         .ok()
         .filter(|ms| (1..=timestamp::MAX_SQL_PHYSICAL_MS).contains(ms))
@@ -134,6 +143,7 @@ fn handover() -> Result<i64, TsoError> {
     let signals = shmem::signals()?;
     check_superuser("call tso_handover()")?;
     window::ensure_primary("hand over")?;
+    refuse_on_a_member("tso_handover()")?;
     signals.request_handover();
     let done = window::wait_for_worker(signals, || {
         let st = ORACLE.share();

@@ -221,6 +221,9 @@ pub(super) fn mutate_leases(
                 }
             },
             RequestKind::SeqAdvance | RequestKind::SeqPeek | RequestKind::SeqDrop => continue,
+            // A member's requests, which only a member's worker serves (never queued here:
+            // tsoracle.oracle is the same in every process of a server).
+            RequestKind::Next | RequestKind::SafeFrontier => Reply::err(ReplyCode::Refused),
         };
         replies[i] = reply;
     }

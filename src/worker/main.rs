@@ -108,6 +108,17 @@ pub extern "C-unwind" fn tsoracle_worker_main(_arg: pg_sys::Datum) {
     note_database_encoding();
 
     pgrx::log!("tsoracle worker started (database \"{database}\")");
+    if let Some(conninfo) = guc::oracle() {
+        // A member of a fleet: the proxy to the oracle, and its own resolved timestamp. A
+        // connection string libpq cannot read is refused at once, extension or not.
+        if let Some(shown) = super::member::checked(signals, &conninfo) {
+            if wait_for_extension(signals, &database) {
+                super::member::run(signals, conninfo, shown);
+            }
+        }
+        // SAFETY: as at the end of this function.
+        unsafe { pg_sys::proc_exit(1) };
+    }
     warn_if_window_exceeds_ha_ttl();
     let mut worker = Worker {
         signals,

@@ -10,7 +10,9 @@
 //! `state` (the worker's own memory and the phase it publishes), `serve` (the serving loop
 //! and window extensions), `high_water` (the one monotonic path to the durable high-water),
 //! `fence`, `requests` (the group commit), `checks` (who may do what), `sequences` and
-//! `leases` (their parts of a group commit), `resolved` (publishing `R`).
+//! `leases` (their parts of a group commit), `resolved` (publishing `R`); on a member of a
+//! fleet, `member` (the proxy to the oracle) and `member_calls` (what each call becomes
+//! there) instead of the fence and the window.
 //!
 //! May use: `shmem` and `pg`. Never the caller's side or the SQL surface: it serves them
 //! through shared memory only.
@@ -21,6 +23,8 @@ mod fence;
 mod high_water;
 mod leases;
 mod main;
+mod member;
+mod member_calls;
 mod requests;
 mod resolved;
 mod sequences;

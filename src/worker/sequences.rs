@@ -14,7 +14,7 @@
 
 use super::checks::{denied, Checks};
 use crate::pg::guc;
-use crate::pg::inplace::make_durable;
+use crate::pg::inplace::{end_of_wal, make_durable};
 use crate::pg::locks::{relation_blocker, row_locker, Blocker};
 use crate::pg::xact::{subtransaction, Caught};
 use crate::shmem::{Reply, ReplyCode, Request, RequestKind};
@@ -290,12 +290,8 @@ fn sequence_part(
     // A peek may show a counter a caller advanced in place whose record is not flushed yet:
     // flush it (and wait for the synchronous standbys) before answering, so that no peek shows
     // what a crash could take back.
-    if peeked {
-        // SAFETY: the current end of WAL inserted so far, read from shared memory.
-        let end = unsafe { pg_sys::GetXLogInsertRecPtr() };
-        if make_durable(end).is_err() {
-            pgrx::error!("the wait for the synchronous standbys was cut short");
-        }
+    if peeked && make_durable(end_of_wal()).is_err() {
+        pgrx::error!("the wait for the synchronous standbys was cut short");
     }
     out
 }

@@ -13,8 +13,11 @@
 //! --single-transaction` of a dump into the live database (its transaction open for the
 //! whole time). For each operation:
 //!
-//! - `tso_next()` never fails, and keeps at least half the throughput it had in the seconds
-//!   before;
+//! - `tso_next()` never fails, and never stops: no two of its successive answers are more than
+//!   `MAX_GAP` apart (a worker that cannot extend the window stops it within
+//!   `tsoracle.window_ahead_ms`, 3 s, then fails it; a second of CPU starvation on two shared
+//!   cores does not come close). Its throughput against the seconds before is reported, as
+//!   speed is not asserted;
 //! - every `tso_seq` call, and every lease call, ends within `tsoracle.extension_timeout_ms`
 //!   plus 2 s, with a block (a lease) or a retryable error (55P03 naming who holds the lock,
 //!   57P03; a lease whose renewals the lease table's lock kept out for its whole TTL has
@@ -215,6 +218,23 @@ fn timed(c: &mut Client, what: &'static str, sql: &str, block: Option<(&str, i64
 }
 
 /// `tso_next()` completions per second in `[from, to)`.
+/// The longest time in `[from, to)` without an answer of `tso_next()` (the window's edges
+/// count as answers).
+fn longest_gap(done: &[Instant], from: Instant, to: Instant) -> Duration {
+    let mut times: Vec<Instant> = done.iter().copied().filter(|&t| t >= from && t < to).collect();
+    times.sort_unstable();
+    let mut last = from;
+    let mut gap = Duration::ZERO;
+    for t in times.into_iter().chain(std::iter::once(to)) {
+        gap = gap.max(t.duration_since(last));
+        last = t;
+    }
+    gap
+}
+
+/// The longest `tso_next()` may go without answering while an operation runs.
+const MAX_GAP: Duration = Duration::from_secs(2);
+
 fn rate(done: &[Instant], from: Instant, to: Instant) -> f64 {
     let n = done.iter().filter(|&&t| t >= from && t < to).count();
     n as f64 / to.duration_since(from).as_secs_f64()
@@ -302,9 +322,10 @@ fn run_operations(name: &str, operations: Vec<Operation>) {
             during / steady.max(1.0),
             in_window.len()
         ));
+        let gap = longest_gap(&done, *began, *ended);
         assert!(
-            during >= 0.5 * steady,
-            "{name}: tso_next fell to {during:.0}/s from {steady:.0}/s\n{}",
+            gap <= MAX_GAP,
+            "{name}: tso_next() answered nothing for {gap:?}\n{}",
             report.join("\n")
         );
     }

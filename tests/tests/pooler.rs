@@ -29,7 +29,7 @@ use tsoracle_tests::exporter::{promtool, Exporter, Metrics, ALERT_RULES, ALERT_R
 use tsoracle_tests::pooler::{
     create_role, section_settings, PgBouncer, PgBouncerOpts, Psql, LOCAL_SETTINGS, PGBOUNCER_INI,
 };
-use tsoracle_tests::seqlease::{seq_totals, seq_unnamed, SeqLoad, SeqLoadOptions};
+use tsoracle_tests::seqlease::{alter_system, seq_totals, seq_unnamed, SeqLoad, SeqLoadOptions};
 use tsoracle_tests::tso::{self, uuid_timestamp};
 use tsoracle_tests::{
     logical, ops, pg_error_string, physical, poll_until, serving_node, wait_for, DenseHistory,
@@ -117,17 +117,22 @@ fn wait_waiting_backend(su: &mut Client, what: &str, except: &[i32]) -> i32 {
     })
 }
 
-/// Wait (bounded) until the worker (pid `wpid`) waits on a heavyweight lock.
+/// Wait (bounded) until the worker (pid `wpid`) holds a group commit open: it holds a lock
+/// on `tsoracle.seq` (the test build's `tsoracle.test_worker_hold_key` keeps it there).
 #[track_caller]
 fn wait_worker_blocked(su: &mut Client, wpid: i32) {
     wait_for(
-        &format!("the worker (pid {wpid}) blocked on the lock"),
+        &format!("the worker (pid {wpid}) held in its group commit"),
         Duration::from_secs(20),
         || {
-            su.query_opt("SELECT wait_event_type FROM pg_stat_activity WHERE pid = $1", &[&wpid])
-                .unwrap()
-                .and_then(|r| r.get::<_, Option<String>>(0))
-                .is_some_and(|t| t == "Lock")
+            su.query_one(
+                "SELECT count(*) FROM pg_locks WHERE pid = $1 AND granted \
+                    AND relation = 'tsoracle.seq'::regclass",
+                &[&wpid],
+            )
+            .unwrap()
+            .get::<_, i64>(0)
+                > 0
         },
     );
 }
@@ -259,9 +264,10 @@ fn cancelled(su: &mut Client, what: &str, run: Psql, pid: i32) -> String {
 /// A cancel sent to PgBouncer — psql's Ctrl-C (libpq's `PQcancel`) on the pooler's port —
 /// is forwarded to the server backend the client is linked to:
 ///
-/// * Z's `tso_seq('c', 7)` is held by the worker, which blocks on a row lock another session
-///   holds; B's `tso_seq('c', 3)` waits in the queue behind it. Both cancelled through the
-///   pooler: 57014, and their server connections go back to the pool. Once the lock is released Z's block is burnt
+/// * Z's `tso_seq('c', 7)` is held by the worker, which stays in its group commit (the test
+///   build's `tsoracle.test_worker_hold_key`, as a worker stuck in its commit would);
+///   B's `tso_seq('c', 3)` waits in the queue behind it. Both cancelled through the
+///   pooler: 57014, and their server connections go back to the pool. Once the worker goes on Z's block is burnt
 ///   (committed for nobody) and B's was never committed: the next block starts after Z's,
 ///   and the only gap of the key is Z's block.
 /// * A `tso_wait_resolved` for a value an hour ahead, cancelled through the pooler: 57014.
@@ -290,14 +296,13 @@ fn a_cancel_through_the_pooler_never_hands_out_the_block() {
     assert_eq!(record(&mut app, "c", 1).unwrap(), 0);
     let wpid: i32 = su.query_one("SELECT worker_pid FROM tso_status()", &[]).unwrap().get(0);
 
-    let mut locker = node.connect();
-    locker.batch_execute("BEGIN; SELECT * FROM tsoracle.seq WHERE key = 'c' FOR UPDATE").unwrap();
+    alter_system(&node, "tsoracle.test_worker_hold_key", Some("c")).expect("hold the worker");
     let psql = |sql: &str| {
         b.psql("tx", APP, APP_PASSWORD, &[sql])
             .unwrap_or_else(|e| panic!("psql through pgbouncer: {e}"))
     };
 
-    // Z: taken by the worker, which then blocks on the row lock.
+    // Z: taken by the worker, which then stays in its group commit.
     let z_start = Instant::now();
     let z = psql("SELECT tso_seq('c', 7)");
     wait_worker_blocked(&mut su, wpid);
@@ -313,12 +318,10 @@ fn a_cancel_through_the_pooler_never_hands_out_the_block() {
         let error = cancelled(&mut su, what, run, pid);
         history.record_err(start, Instant::now(), "pooler", "c", error, count);
     }
-    locker.batch_execute("ROLLBACK").unwrap();
-    wait_for(
-        "the worker commits Z's block after the lock is gone",
-        Duration::from_secs(20),
-        || seq_totals(&mut su).unwrap().get("c") == Some(&8),
-    );
+    alter_system(&node, "tsoracle.test_worker_hold_key", None).expect("release the worker");
+    wait_for("the worker commits Z's block once it goes on", Duration::from_secs(20), || {
+        seq_totals(&mut su).unwrap().get("c") == Some(&8)
+    });
     assert_eq!(record(&mut app, "c", 1).unwrap(), 8, "Z's block [1, 8) is burnt, B's never taken");
     let totals = seq_totals(&mut su).unwrap();
     let report = history.check(Some(&totals)).unwrap_or_else(|v| panic!("dense check: {v}"));
@@ -427,12 +430,36 @@ fn smoke(b: &PgBouncer, db: &str) -> BTreeSet<&'static str> {
         .query_typed("SELECT * FROM tso_lease_renew($1)", &[(&id, Type::INT8)])
         .expect_err("renew after release");
     assert_eq!(e.code(), Some(&SqlState::NO_DATA_FOUND), "{db}: {}", pg_error_string(&e));
+    let bounded = one(
+        &mut c,
+        "SELECT lease_id, ts_lower_bound, ts_upper_bound FROM tso_lease_acquire_bounds($1, 2, 10000)",
+        &[(&holder, Type::TEXT)],
+    );
+    let (id2, lower, upper): (i64, i64, i64) = (bounded.get(0), bounded.get(1), bounded.get(2));
+    assert!(lower <= upper, "{db}: [{lower}, {upper}]");
+    let renewed = one(
+        &mut other,
+        "SELECT ts_lower_bound, ts_upper_bound FROM tso_lease_renew_bounds($1)",
+        &[(&id2, Type::INT8)],
+    );
+    assert!(renewed.get::<_, i64>(1) >= upper, "{db}");
+    c.query_typed("SELECT tso_lease_release($1)", &[(&id2, Type::INT8)]).unwrap();
     called.extend([
         "tso_lease_acquire",
         "tso_lease_renew",
         "tso_lease_release",
         "tso_safe_frontier",
+        "tso_lease_acquire_bounds",
+        "tso_lease_renew_bounds",
     ]);
+
+    // A superuser's handover, refused to the application's role; a member's status, empty on
+    // a cluster that is its own oracle.
+    let e = c.query_typed("SELECT tso_handover()", &[]).expect_err("tso_handover() as app");
+    assert_eq!(e.code(), Some(&SqlState::INSUFFICIENT_PRIVILEGE), "{db}: {}", pg_error_string(&e));
+    let rows = other.query_typed("SELECT * FROM tso_member_status()", &[]).unwrap();
+    assert!(rows.is_empty(), "{db}: not a member");
+    called.extend(["tso_handover", "tso_member_status"]);
 
     let state: String = one(&mut c, "SELECT state FROM tso_status()", &[]).get(0);
     assert_eq!(state, "serving", "{db}");

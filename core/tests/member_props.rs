@@ -1,0 +1,34 @@
+//! Properties of a member's proxy arithmetic (`tsoracle_core::member`).
+
+use proptest::prelude::*;
+use tsoracle_core::member::{floor_after, split, EpochGate};
+
+proptest! {
+    /// The calls' ranges are disjoint, in order, tile the answer exactly, and all lie below
+    /// the floor that follows it.
+    #[test]
+    fn split_tiles_the_answer(first in 0u64..(1 << 62), counts in prop::collection::vec(1u32..=262_144, 1..64)) {
+        let total: u32 = counts.iter().sum();
+        let starts = split(first, &counts);
+        prop_assert_eq!(starts.len(), counts.len());
+        prop_assert_eq!(starts[0], first);
+        for i in 1..starts.len() {
+            prop_assert_eq!(starts[i], starts[i - 1] + u64::from(counts[i - 1]));
+        }
+        let end = starts[starts.len() - 1] + u64::from(counts[counts.len() - 1]);
+        prop_assert_eq!(end, floor_after(first, total));
+    }
+
+    /// Once an epoch is seen, no older one is ever accepted, whatever comes in between.
+    #[test]
+    fn an_older_epoch_is_never_accepted(epochs in prop::collection::vec(0u64..20, 1..50)) {
+        let mut gate = EpochGate::default();
+        let mut highest = 0u64;
+        for e in epochs {
+            let accepted = gate.accept(e).is_ok();
+            prop_assert_eq!(accepted, e >= highest);
+            highest = highest.max(e);
+            prop_assert_eq!(gate.seen(), highest);
+        }
+    }
+}

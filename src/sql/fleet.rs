@@ -1,0 +1,272 @@
+//! The SQL of a fleet (docs/fleet.md): on the oracle, the two functions a member's worker
+//! calls (`tsoracle.member_hello`, `tsoracle.member_next`, executable by `tsoracle_member`
+//! only); on a member, `tso_member_status()`.
+
+use crate::caller::window;
+use crate::pg::error::{refuse_in_parallel_mode, TsoError};
+use crate::pg::guc;
+use crate::shmem::member::MEMBER;
+use crate::shmem::ORACLE;
+use pgrx::prelude::*;
+use tsoracle_core::timestamp;
+
+fn refuse_on_a_member() -> Result<(), TsoError> {
+    if guc::is_member() {
+        return Err(TsoError::NotServing(
+            "this server is itself a member of a fleet (tsoracle.oracle is set): a member must name the oracle, not another member".into(),
+        ));
+    }
+    Ok(())
+}
+
+fn hello(member_system_id: i64, member_version: &str) -> Result<(i64, String, i64), TsoError> {
+    refuse_in_parallel_mode("tsoracle.member_hello()")?;
+    window::ensure_primary("serve a member")?;
+    refuse_on_a_member()?;
+    let own = crate::pg::system_identifier();
+    if member_system_id as u64 == own {
+        return Err(TsoError::InvalidArgument(format!(
+            "the member and the oracle are the same cluster (system identifier {own}): tsoracle.oracle must name another cluster"
+        )));
+    }
+    if !crate::pg::compatible_versions(member_version, crate::pg::EXTENSION_VERSION) {
+        return Err(TsoError::InvalidArgument(format!(
+            "the member's tsoracle {member_version} cannot be served by this oracle's {}: install the same minor version on both",
+            crate::pg::EXTENSION_VERSION
+        )));
+    }
+    let epoch = ORACLE.share().allocator.epoch().unwrap_or(0);
+    Ok((own as i64, crate::pg::EXTENSION_VERSION.to_string(), epoch as i64))
+}
+
+fn next(count: i32) -> Result<(i64, i64), TsoError> {
+    refuse_in_parallel_mode("tsoracle.member_next()")?;
+    refuse_on_a_member()?;
+    let first = window::next(i64::from(count))?;
+    // The epoch of the window the values came from, or a later one (a fence in between): a
+    // member refuses answers from epochs older than one it has seen.
+    let epoch = ORACLE.share().allocator.epoch().unwrap_or(0);
+    Ok((timestamp::to_sql(first), epoch as i64))
+}
+
+fn epoch() -> i64 {
+    ORACLE.share().allocator.epoch().unwrap_or(0) as i64
+}
+
+fn seq(keys: Vec<String>, counts: Vec<i32>) -> Result<Vec<(i64, i64)>, TsoError> {
+    refuse_on_a_member()?;
+    let starts = if keys.len() == 1 && counts.len() == 1 {
+        vec![super::sequences::advance(Some(&keys[0]), Some(counts[0]))?]
+    } else {
+        super::sequences::batch(
+            Some(keys.into_iter().map(Some).collect()),
+            Some(counts.into_iter().map(Some).collect()),
+        )?
+        .into_iter()
+        .map(|(_, start, _)| start)
+        .collect()
+    };
+    let e = epoch();
+    Ok(starts.into_iter().map(|s| (s, e)).collect())
+}
+
+type Lease = (i64, i64, i64, i64, i32, i64);
+
+fn lease(g: super::leases::Grant) -> Lease {
+    (g.lease_id, g.lower, g.upper, g.expires_at_ms, g.epoch, epoch())
+}
+
+/// Functions in schema tsoracle, next to the tables. Each answers with the oracle's epoch.
+#[pg_schema]
+mod tsoracle {
+    use super::{lease, refuse_on_a_member, Lease};
+    use crate::pg::error::{OrReport, TsoError};
+    use pgrx::prelude::*;
+
+    /// A member's `tso_seq()` or `tso_seq_batch()`: the blocks' starts, in the keys' order.
+    #[pg_extern(volatile, parallel_unsafe, strict)]
+    fn member_seq(
+        keys: Vec<String>,
+        counts: Vec<i32>,
+    ) -> TableIterator<'static, (name!(start, i64), name!(epoch, i64))> {
+        TableIterator::new(super::seq(keys, counts).or_report())
+    }
+
+    /// A member's `tso_seq_peek()`.
+    #[pg_extern(volatile, parallel_unsafe, strict)]
+    fn member_seq_peek(
+        key: &str,
+    ) -> TableIterator<'static, (name!(next, Option<i64>), name!(epoch, i64))> {
+        let next = refuse_on_a_member().and_then(|()| super::super::sequences::peek(Some(key)));
+        TableIterator::once((next.or_report(), super::epoch()))
+    }
+
+    /// A member's `tso_seq_drop()`.
+    #[pg_extern(volatile, parallel_unsafe, strict)]
+    fn member_seq_drop(
+        key: &str,
+    ) -> TableIterator<'static, (name!(dropped, bool), name!(epoch, i64))> {
+        let dropped =
+            refuse_on_a_member().and_then(|()| super::super::sequences::drop_key(Some(key)));
+        TableIterator::once((dropped.or_report(), super::epoch()))
+    }
+
+    /// A member's lease grant (`legacy`: through the functions of 0.1.0 to 0.3.0).
+    #[allow(clippy::type_complexity)]
+    #[pg_extern(volatile, parallel_unsafe, strict)]
+    fn member_lease_acquire(
+        holder: &str,
+        holder_epoch: i64,
+        ttl_ms: i32,
+        legacy: bool,
+    ) -> TableIterator<
+        'static,
+        (
+            name!(lease_id, i64),
+            name!(ts_lower_bound, i64),
+            name!(ts_upper_bound, i64),
+            name!(expires_at_ms, i64),
+            name!(lease_epoch, i32),
+            name!(epoch, i64),
+        ),
+    > {
+        let g: Result<Lease, TsoError> = refuse_on_a_member().and_then(|()| {
+            super::super::leases::acquire(
+                Some(holder),
+                Some(holder_epoch),
+                Some(ttl_ms),
+                legacy,
+                "tso_lease_acquire_bounds()",
+            )
+            .map(lease)
+        });
+        TableIterator::once(g.or_report())
+    }
+
+    /// A member's lease renewal.
+    #[allow(clippy::type_complexity)]
+    #[pg_extern(volatile, parallel_unsafe, strict)]
+    fn member_lease_renew(
+        id: i64,
+        legacy: bool,
+    ) -> TableIterator<
+        'static,
+        (
+            name!(lease_id, i64),
+            name!(ts_lower_bound, i64),
+            name!(ts_upper_bound, i64),
+            name!(expires_at_ms, i64),
+            name!(lease_epoch, i32),
+            name!(epoch, i64),
+        ),
+    > {
+        let g: Result<Lease, TsoError> = refuse_on_a_member().and_then(|()| {
+            super::super::leases::renew(id, legacy, "tso_lease_renew_bounds()").map(lease)
+        });
+        TableIterator::once(g.or_report())
+    }
+
+    /// A member's lease release.
+    #[pg_extern(volatile, parallel_unsafe, strict)]
+    fn member_lease_release(lease_id: i64) -> i64 {
+        refuse_on_a_member().and_then(|()| super::super::leases::release(lease_id)).or_report();
+        super::epoch()
+    }
+
+    /// A member's `tso_safe_frontier()`.
+    #[pg_extern(volatile, parallel_unsafe)]
+    fn member_safe_frontier() -> TableIterator<'static, (name!(frontier, i64), name!(epoch, i64))> {
+        let f = refuse_on_a_member().and_then(|()| super::super::leases::safe_frontier());
+        TableIterator::once((f.or_report(), super::epoch()))
+    }
+
+    /// A member's first call on a new connection: this oracle's system identifier, version and
+    /// epoch, after checking that the member is another cluster of a compatible version and
+    /// that this server is an oracle (a primary, not itself a member).
+    #[pg_extern(volatile, parallel_unsafe)]
+    fn member_hello(
+        member_system_id: i64,
+        member_version: &str,
+    ) -> TableIterator<'static, (name!(system_id, i64), name!(version, String), name!(epoch, i64))>
+    {
+        TableIterator::once(super::hello(member_system_id, member_version).or_report())
+    }
+
+    /// `count` consecutive timestamps for a member's waiting calls, and the oracle's epoch.
+    #[pg_extern(volatile, parallel_unsafe)]
+    fn member_next(count: i32) -> TableIterator<'static, (name!(first, i64), name!(epoch, i64))> {
+        TableIterator::once(super::next(count).or_report())
+    }
+}
+
+/// On a member of a fleet, one row about its connection to the oracle; no row elsewhere.
+// pgrx derives the result columns from the signature: the TableIterator type is spelled inline.
+#[allow(clippy::type_complexity)]
+#[pg_extern(volatile, parallel_safe)]
+fn tso_member_status() -> TableIterator<
+    'static,
+    (
+        name!(oracle, String),
+        name!(connected, bool),
+        name!(oracle_pid, Option<i32>),
+        name!(oracle_epoch, Option<i64>),
+        name!(connects, i64),
+        name!(round_trips, i64),
+        name!(calls_served, i64),
+        name!(values_fetched, i64),
+        name!(values_per_round_trip, Option<f64>),
+        name!(mean_round_trip_ms, Option<f64>),
+        name!(last_round_trip_ms, Option<f64>),
+        name!(last_error, Option<String>),
+        name!(last_error_at, Option<TimestampWithTimeZone>),
+    ),
+> {
+    if !guc::is_member() {
+        return TableIterator::new(Vec::new());
+    }
+    let st = *MEMBER.share();
+    let per = |num: u64, den: u64| (den > 0).then(|| num as f64 / den as f64);
+    let at = (st.last_error_ms > 0)
+        .then(|| {
+            TimestampWithTimeZone::try_from(
+                st.last_error_ms as i64 * 1000 - super::timestamps::PG_EPOCH_OFFSET_US,
+            )
+            .ok()
+        })
+        .flatten();
+    TableIterator::once((
+        st.oracle.get().unwrap_or_default(),
+        st.connected,
+        (st.oracle_pid != 0).then_some(st.oracle_pid),
+        (st.oracle_epoch > 0).then_some(st.oracle_epoch as i64),
+        st.connects as i64,
+        st.round_trips as i64,
+        st.calls_served as i64,
+        st.values_fetched as i64,
+        per(st.values_fetched, st.round_trips),
+        per(st.round_trip_us_total, st.round_trips.max(1) * 1000).filter(|_| st.round_trips > 0),
+        (st.round_trips > 0).then(|| st.last_round_trip_us as f64 / 1000.0),
+        st.last_error.get(),
+        at,
+    ))
+}
+
+/// A member's line for `tso_status().detail`.
+pub fn member_summary() -> String {
+    let st = *MEMBER.share();
+    let rt = if st.round_trips > 0 {
+        format!(
+            ", {} round trips, {:.1} values per round trip, {:.2} ms per round trip",
+            st.round_trips,
+            st.values_fetched as f64 / st.round_trips as f64,
+            st.round_trip_us_total as f64 / st.round_trips as f64 / 1000.0
+        )
+    } else {
+        String::new()
+    };
+    format!(
+        "member of the oracle {} ({}{rt})",
+        st.oracle.get().unwrap_or_default(),
+        if st.connected { "connected" } else { "not connected" }
+    )
+}

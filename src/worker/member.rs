@@ -1,0 +1,804 @@
+//! The worker of a member of a fleet (docs/fleet.md): the proxy between this server's callers
+//! and the oracle `tsoracle.oracle` names, as TiDB's PD client and Postgres-XL's GTM proxy
+//! were for theirs.
+//!
+//! - One connection, in pipeline mode; up to `MAX_IN_FLIGHT` round trips on it at once.
+//! - Every `tso_next()`-like call waiting when a round trip leaves goes in it: one
+//!   `tsoracle.member_next(n)` for all of them, `n` their sum, split in order. A call
+//!   waiting while the pipeline is full goes in the next one. Nothing is fetched ahead: each
+//!   value was issued by the oracle after its call had begun.
+//! - Every other call (a block, a lease, the frontier) is one statement of its own.
+//! - Every answer carries the oracle's epoch; one older than an epoch already seen (a deposed
+//!   primary still answering) is refused, and the connection dropped.
+//! - A refusal known to come before anything was done (`57P03`, `25006`) is retried until the
+//!   call's own deadline; a timestamp whose answer was lost is fetched again (it was never
+//!   handed out: a gap); a block or lease whose answer was lost answers `40003`.
+//!
+//! The worker waits on its latch and on the connection's socket together, in its one thread.
+
+use super::member_calls::{answer_call, answer_next, call_statement, RETRYABLE};
+use super::state::{refuse, set_phase, Worker};
+use crate::pg::clock;
+use crate::pg::guc;
+use crate::pg::libpq::{checked_conninfo, Conn, Event, LibpqError, PgResult, Progress};
+use crate::shmem::holders::HOLDERS;
+use crate::shmem::member::{Text, MEMBER};
+use crate::shmem::{
+    self, Phase, Reply, ReplyCode, Request, RequestKind, Signals, LEASE_BOUNDS, MAX_LEASES, QUEUE,
+};
+use pgrx::bgworkers::BackgroundWorker;
+use pgrx::prelude::*;
+use std::collections::VecDeque;
+use std::ffi::CStr;
+use std::time::{Duration, Instant};
+use tsoracle_core::allocator::MAX_BATCH;
+use tsoracle_core::lease::{LeaseTable, PublishedBound, PublishedBounds};
+use tsoracle_core::member::{floor_after, EpochGate};
+use tsoracle_core::queue::Ticket;
+
+/// Round trips in flight at once on the connection.
+const MAX_IN_FLIGHT: usize = 4;
+
+/// How long calls refused for now (`57P03`, `25006`) wait before they are sent again.
+const RETRY_PAUSE: Duration = Duration::from_millis(20);
+
+const HELLO: &CStr = c"SELECT system_id, version, epoch FROM tsoracle.member_hello($1::pg_catalog.int8, $2::pg_catalog.text)";
+const NEXT: &CStr = c"SELECT first, epoch FROM tsoracle.member_next($1::pg_catalog.int4)";
+
+/// What one round trip carries.
+pub(super) enum Flight {
+    Hello,
+    /// Values for the resolved timestamp of an idle member (`member_floor`), handed to no one.
+    Heartbeat,
+    /// Coalesced `tso_next()`-like calls: each with its count, in the order of the values.
+    Next {
+        calls: Vec<(Ticket, u32)>,
+        total: u32,
+    },
+    /// One call of another kind.
+    Call {
+        ticket: Ticket,
+        requests: Vec<Request>,
+    },
+}
+
+struct Sent {
+    flight: Flight,
+    at: Instant,
+    result: Option<PgResult>,
+}
+
+/// A call to send (again) once the connection serves, until its deadline.
+struct Waiting {
+    ticket: Ticket,
+    requests: Vec<Request>,
+    since: Instant,
+}
+
+enum Link {
+    /// No connection; the next attempt not before this instant.
+    Down(Instant),
+    Connecting {
+        conn: Conn,
+        want: Progress,
+        started: Instant,
+    },
+    /// Connected; `ready` once the oracle answered the hello.
+    Up {
+        conn: Conn,
+        ready: bool,
+        flushed: bool,
+    },
+}
+
+pub(super) struct Proxy {
+    signals: &'static Signals,
+    conninfo: String,
+    link: Link,
+    sent: VecDeque<Sent>,
+    waiting: Vec<Waiting>,
+    backoff_ms: u64,
+    last_next: Instant,
+    worker: Worker,
+    warned: Option<Instant>,
+    /// After a refusal to retry, nothing is sent again before this instant.
+    pause_until: Option<Instant>,
+    /// Grants of leases made through this member, as the resolved timestamp must respect them
+    /// (published in `LEASE_BOUNDS`): lease id and bound, one entry per grant.
+    grants: Vec<(i64, PublishedBound)>,
+    /// Lease grants and renewals in flight: while any is, the worker's own holder slot holds
+    /// `R` below what their lowest stamps will be.
+    granting: usize,
+}
+
+/// `tsoracle.oracle` as libpq reads it, with any password hidden; a connection string libpq
+/// cannot read is refused (`None`, after shutdown): it only changes with a restart.
+pub(super) fn checked(signals: &'static Signals, conninfo: &str) -> Option<String> {
+    match checked_conninfo(conninfo) {
+        Ok(shown) => Some(shown),
+        Err(e) => {
+            MEMBER.exclusive().last_error =
+                Text::new(&format!("tsoracle.oracle is not a valid connection string: {e}"));
+            refuse(signals, &format!("tsoracle.oracle is not a valid connection string: {e}"));
+            None
+        }
+    }
+}
+
+/// Serve this member until shutdown.
+pub(super) fn run(signals: &'static Signals, conninfo: String, shown: String) {
+    {
+        let mut st = MEMBER.exclusive();
+        st.oracle = Text::new(&shown);
+        st.connected = false;
+    }
+    pgrx::log!("tsoracle worker is a member of the oracle {shown}");
+    let mut proxy = Proxy {
+        signals,
+        conninfo,
+        link: Link::Down(Instant::now()),
+        sent: VecDeque::new(),
+        waiting: Vec::new(),
+        backoff_ms: 100,
+        last_next: Instant::now(),
+        worker: Worker {
+            signals,
+            leases: LeaseTable::new(),
+            lease_deadlines: std::collections::HashMap::new(),
+            seq_statements: None,
+            extension_warned_mono_ms: 0,
+            resolved_published_mono_ms: clock::mono_ms(),
+        },
+        warned: None,
+        pause_until: None,
+        grants: Vec::new(),
+        granting: 0,
+    };
+    set_phase(signals, Phase::Starting);
+    loop {
+        proxy.wait();
+        proxy.step();
+        proxy.prune_grants();
+        if proxy.ready() {
+            proxy.worker.publish_resolved();
+        }
+    }
+}
+
+impl Proxy {
+    fn ready(&self) -> bool {
+        matches!(self.link, Link::Up { ready: true, .. })
+    }
+
+    /// Sleep until the latch is set, the socket is ready as needed, or a tick passes.
+    fn wait(&mut self) {
+        let tick = if self.waiting.is_empty() {
+            guc::resolved_interval_ms().clamp(1, 100) as i64
+        } else {
+            RETRY_PAUSE.as_millis() as i64
+        };
+        let (socket, events, timeout) = match &self.link {
+            Link::Down(at) => {
+                let left = at.saturating_duration_since(Instant::now()).as_millis() as i64;
+                (-1, 0, left.clamp(1, tick))
+            }
+            Link::Connecting { conn, want, .. } => (
+                conn.socket(),
+                if *want == Progress::Write {
+                    pg_sys::WL_SOCKET_WRITEABLE
+                } else {
+                    pg_sys::WL_SOCKET_READABLE
+                },
+                tick,
+            ),
+            Link::Up { conn, flushed, .. } => (
+                conn.socket(),
+                pg_sys::WL_SOCKET_READABLE | if *flushed { 0 } else { pg_sys::WL_SOCKET_WRITEABLE },
+                tick,
+            ),
+        };
+        let events = if socket >= 0 { events } else { 0 };
+        // SAFETY: waiting on this process's own latch (and on the connection's socket, open
+        // while `self.link` holds it); WL_EXIT_ON_PM_DEATH ends the process if the
+        // postmaster dies. The latch is reset before anything is looked at again.
+        unsafe {
+            pg_sys::WaitLatchOrSocket(
+                pg_sys::MyLatch,
+                (pg_sys::WL_LATCH_SET | pg_sys::WL_TIMEOUT | pg_sys::WL_EXIT_ON_PM_DEATH | events)
+                    as i32,
+                socket,
+                timeout,
+                pg_sys::PG_WAIT_EXTENSION,
+            );
+            pg_sys::ResetLatch(pg_sys::MyLatch);
+        }
+        pg_sys::check_for_interrupts!();
+        if BackgroundWorker::sighup_received() {
+            // SAFETY: reloading the configuration from the worker's main loop, outside any
+            // transaction, with no LWLock held.
+            unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
+        }
+    }
+
+    fn step(&mut self) {
+        match std::mem::replace(&mut self.link, Link::Down(Instant::now())) {
+            Link::Down(at) if Instant::now() < at => self.link = Link::Down(at),
+            Link::Down(_) => match Conn::start(&self.conninfo, "tsoracle member") {
+                Ok(conn) => {
+                    self.link =
+                        Link::Connecting { conn, want: Progress::Write, started: Instant::now() }
+                }
+                Err(e) => self.down(&format!("cannot connect to the oracle: {e}")),
+            },
+            Link::Connecting { mut conn, started, .. } => {
+                if started.elapsed().as_millis() as i64 > guc::extension_timeout_ms() {
+                    return self.down("cannot connect to the oracle: timed out");
+                }
+                match conn.step() {
+                    Ok(Progress::Done) => match self.begin(conn) {
+                        Ok(()) => {}
+                        Err(e) => self.down(&format!("cannot talk to the oracle: {e}")),
+                    },
+                    Ok(want) => self.link = Link::Connecting { conn, want, started },
+                    Err(e) => self.down(&format!("cannot connect to the oracle: {e}")),
+                }
+            }
+            Link::Up { conn, ready, .. } => {
+                self.link = Link::Up { conn, ready, flushed: true };
+                if let Err(e) = self.serve() {
+                    self.broken(&e.to_string());
+                }
+            }
+        }
+    }
+
+    /// Connected: pipeline mode, then the hello before anything else.
+    fn begin(&mut self, mut conn: Conn) -> Result<(), LibpqError> {
+        conn.enter_pipeline()?;
+        let system_id = crate::pg::system_identifier() as i64;
+        conn.send(HELLO, &[system_id.to_string(), crate::pg::EXTENSION_VERSION.to_string()])?;
+        MEMBER.exclusive().oracle_pid = conn.backend_pid();
+        self.sent.push_back(Sent { flight: Flight::Hello, at: Instant::now(), result: None });
+        let flushed = conn.flush()?;
+        self.link = Link::Up { conn, ready: false, flushed };
+        Ok(())
+    }
+
+    /// One turn on a live connection: read what arrived, answer what it completes, send what
+    /// waits.
+    fn serve(&mut self) -> Result<(), LibpqError> {
+        let Link::Up { conn, .. } = &mut self.link else { return Ok(()) };
+        conn.consume()?;
+        // Results come per round trip: the query's result, the end of its results, its sync
+        // point. With nothing in flight (or only the end of results again) there is nothing
+        // more to read: libpq answers "no result" without end in pipeline mode.
+        let mut ends = 0;
+        while !self.sent.is_empty() && ends < 2 {
+            let Link::Up { conn, .. } = &mut self.link else { return Ok(()) };
+            match conn.next_event() {
+                None => break,
+                Some(Event::Result(r)) => {
+                    ends = 0;
+                    if let Some(s) = self.sent.front_mut() {
+                        if s.result.is_none() {
+                            s.result = Some(r);
+                        }
+                    }
+                }
+                Some(Event::Boundary) => ends += 1,
+                Some(Event::Sync) => {
+                    ends = 0;
+                    if let Some(done) = self.sent.pop_front() {
+                        if let Err(why) = self.complete(done) {
+                            // Not to be trusted (an older epoch, a bad answer): reconnect.
+                            self.broken(&why);
+                            return Ok(());
+                        }
+                    }
+                }
+            }
+        }
+        // In-flight round trips that outlived the callers' wait: the connection is stuck.
+        if let Some(oldest) = self.sent.front() {
+            if oldest.at.elapsed().as_millis() as i64 > guc::extension_timeout_ms() {
+                self.broken("the oracle did not answer within tsoracle.extension_timeout_ms");
+                return Ok(());
+            }
+        }
+        self.expire_waiting();
+        if matches!(self.link, Link::Up { ready: true, .. }) {
+            self.send_waiting()?;
+        }
+        if let Link::Up { conn, flushed, .. } = &mut self.link {
+            *flushed = conn.flush()?;
+        }
+        Ok(())
+    }
+
+    /// Send the calls waiting here and in the queue, while the pipeline has room.
+    fn send_waiting(&mut self) -> Result<(), LibpqError> {
+        if self.sent.len() >= MAX_IN_FLIGHT
+            || self.pause_until.is_some_and(|at| Instant::now() < at)
+        {
+            return Ok(());
+        }
+        let mut calls: Vec<Waiting> = std::mem::take(&mut self.waiting);
+        let now = Instant::now();
+        if let Ok(mut queue) = QUEUE.exclusive() {
+            calls.extend(
+                queue.queue().take_pending().into_iter().map(|(ticket, requests)| Waiting {
+                    ticket,
+                    requests,
+                    since: now,
+                }),
+            );
+        }
+        let (nexts, others): (Vec<Waiting>, Vec<Waiting>) = calls
+            .into_iter()
+            .partition(|w| w.requests.len() == 1 && w.requests[0].kind == RequestKind::Next);
+        let Link::Up { conn, .. } = &mut self.link else {
+            self.waiting.extend(nexts);
+            self.waiting.extend(others);
+            return Ok(());
+        };
+        // The tso_next() calls: one round trip for as many as MAX_BATCH values hold.
+        let mut group: Vec<(Ticket, u32)> = Vec::new();
+        let mut total: u32 = 0;
+        let mut flights: Vec<Flight> = Vec::new();
+        for w in &nexts {
+            let count = u32::try_from(w.requests[0].count).unwrap_or(MAX_BATCH).clamp(1, MAX_BATCH);
+            if total + count > MAX_BATCH {
+                flights.push(Flight::Next { calls: std::mem::take(&mut group), total });
+                total = 0;
+            }
+            group.push((w.ticket, count));
+            total += count;
+        }
+        if !group.is_empty() {
+            flights.push(Flight::Next { calls: group, total });
+        }
+        for flight in flights {
+            let Flight::Next { total, .. } = &flight else { continue };
+            conn.send(NEXT, &[total.to_string()])?;
+            self.sent.push_back(Sent { flight, at: Instant::now(), result: None });
+            self.last_next = Instant::now();
+        }
+        for w in others {
+            match call_statement(&w.requests) {
+                Some((sql, params)) => {
+                    if grants_lease(&w.requests) {
+                        self.granting += 1;
+                        if self.granting == 1 {
+                            hold_for_grants(self.signals);
+                        }
+                    }
+                    conn.send(sql, &params)?;
+                    self.sent.push_back(Sent {
+                        flight: Flight::Call { ticket: w.ticket, requests: w.requests },
+                        at: Instant::now(),
+                        result: None,
+                    });
+                }
+                None => {
+                    answer(&[(w.ticket, vec![Reply::err(ReplyCode::Refused); w.requests.len()])])
+                }
+            }
+        }
+        // An idle member still moves its resolved timestamp: a value now and then.
+        if self.sent.is_empty()
+            && self.last_next.elapsed().as_millis() as u64 >= guc::resolved_interval_ms()
+        {
+            conn.send(NEXT, &["1".to_string()])?;
+            self.sent.push_back(Sent {
+                flight: Flight::Heartbeat,
+                at: Instant::now(),
+                result: None,
+            });
+            self.last_next = Instant::now();
+        }
+        Ok(())
+    }
+
+    /// A round trip came back: answer its calls. `Err` when the answer must not be trusted.
+    fn complete(&mut self, done: Sent) -> Result<(), String> {
+        let took = done.at.elapsed();
+        let rows = match &done.result {
+            Some(r) => r.rows(),
+            None => Err(crate::pg::libpq::RemoteError {
+                sqlstate: "XX000".into(),
+                message: "the oracle sent no result".into(),
+                detail: None,
+                hint: None,
+            }),
+        };
+        match done.flight {
+            Flight::Hello => {
+                // A wrong oracle is tried again with the back-off, not at once.
+                if let Err(why) = self.hello(rows) {
+                    self.down(&why);
+                }
+                Ok(())
+            }
+            Flight::Heartbeat => {
+                if let Ok(rows) = rows {
+                    let (first, epoch) = first_and_epoch(&rows)?;
+                    self.check_epoch(epoch)?;
+                    self.signals.member_floor.raise(floor_after(first, 1));
+                    self.count(took, 0, 0);
+                }
+                Ok(())
+            }
+            Flight::Next { calls, total } => match rows {
+                Ok(rows) => {
+                    let (first, epoch) = first_and_epoch(&rows)?;
+                    if let Err(why) = self.check_epoch(epoch) {
+                        self.retry_next(calls);
+                        return Err(why);
+                    }
+                    // Raised before anyone gets a value: every later fetch is above it.
+                    self.signals.member_floor.raise(floor_after(first, total));
+                    self.count(took, calls.len(), u64::from(total));
+                    answer(&answer_next(first, &calls));
+                    Ok(())
+                }
+                Err(e) if RETRYABLE.contains(&e.sqlstate.as_str()) => {
+                    self.note(&format!(
+                        "the oracle refused for now: {} ({})",
+                        e.message, e.sqlstate
+                    ));
+                    self.pause_until = Some(Instant::now() + RETRY_PAUSE);
+                    self.retry_next(calls);
+                    if e.sqlstate == "25006" {
+                        // A standby: find the primary again.
+                        return Err(format!("the oracle is a standby: {}", e.message));
+                    }
+                    Ok(())
+                }
+                Err(e) => {
+                    let mut member = MEMBER.exclusive();
+                    let replies: Vec<(Ticket, Vec<Reply>)> = calls
+                        .iter()
+                        .map(|(t, _)| {
+                            member.keep_error(
+                                t.generation,
+                                &e.sqlstate,
+                                &e.message,
+                                e.hint.as_deref(),
+                            );
+                            (*t, vec![remote(*t)])
+                        })
+                        .collect();
+                    drop(member);
+                    answer(&replies);
+                    Ok(())
+                }
+            },
+            Flight::Call { ticket, requests } => {
+                let granted = grants_lease(&requests);
+                let outcome = self.complete_call(ticket, requests, rows, took, done.at);
+                if granted {
+                    self.granting = self.granting.saturating_sub(1);
+                    if self.granting == 0 {
+                        release_grant_hold();
+                    }
+                }
+                outcome
+            }
+        }
+    }
+
+    fn complete_call(
+        &mut self,
+        ticket: Ticket,
+        requests: Vec<Request>,
+        rows: Result<Vec<Vec<Option<String>>>, crate::pg::libpq::RemoteError>,
+        took: Duration,
+        sent_at: Instant,
+    ) -> Result<(), String> {
+        {
+            match rows {
+                Ok(rows) => {
+                    let (replies, epoch) = answer_call(&requests, &rows)?;
+                    if let Err(why) = self.check_epoch(epoch) {
+                        answer(&[(ticket, vec![Reply::err(ReplyCode::Lost); requests.len()])]);
+                        return Err(why);
+                    }
+                    self.count(took, 1, 0);
+                    self.note_grants(&requests, &replies);
+                    answer(&[(ticket, replies)]);
+                    Ok(())
+                }
+                Err(e) if RETRYABLE.contains(&e.sqlstate.as_str()) => {
+                    self.pause_until = Some(Instant::now() + RETRY_PAUSE);
+                    self.waiting.push(Waiting { ticket, requests, since: sent_at });
+                    if e.sqlstate == "25006" {
+                        return Err(format!("the oracle is a standby: {}", e.message));
+                    }
+                    Ok(())
+                }
+                Err(e) => {
+                    MEMBER.exclusive().keep_error(
+                        ticket.generation,
+                        &e.sqlstate,
+                        &e.message,
+                        e.hint.as_deref(),
+                    );
+                    answer(&[(ticket, vec![remote(ticket); requests.len()])]);
+                    Ok(())
+                }
+            }
+        }
+    }
+
+    /// Leases granted through this member hold its resolved timestamp below their lowest
+    /// stamp until they expire, as on the oracle: published before the holder hears of them.
+    fn note_grants(&mut self, requests: &[Request], replies: &[Reply]) {
+        let sample = clock::sample();
+        let mut changed = false;
+        for (r, reply) in requests.iter().zip(replies) {
+            if reply.code != ReplyCode::Ok {
+                continue;
+            }
+            match r.kind {
+                RequestKind::LeaseAcquire | RequestKind::LeaseRenew => {
+                    let ttl_ms = match r.kind {
+                        RequestKind::LeaseAcquire => r.count,
+                        // The TTL of a renewal is the lease's own, which the member may not
+                        // know: the longest any lease may have, which only holds R longer.
+                        _ => guc::lease_ttl_max_ms().max(0) as u64,
+                    };
+                    let expires_at_ms = u64::try_from(reply.expires_at_ms).unwrap_or(u64::MAX);
+                    self.grants.push((
+                        reply.value,
+                        PublishedBound {
+                            bound_ms: u64::try_from(reply.bound_ms).unwrap_or(0),
+                            // Live while either clock says so: the oracle's expiry on this
+                            // server's wall clock, or the TTL from now on the monotonic one.
+                            expires_at_ms,
+                            expires_mono_ms: sample.mono_ms.saturating_add(ttl_ms),
+                            held_from_ms: u64::try_from(reply.from_ms).unwrap_or(0),
+                        },
+                    ));
+                    changed = true;
+                }
+                RequestKind::LeaseRelease => {
+                    let before = self.grants.len();
+                    self.grants.retain(|(id, _)| *id != r.arg);
+                    changed |= self.grants.len() != before;
+                }
+                _ => {}
+            }
+        }
+        if changed {
+            self.publish_grants();
+        }
+    }
+
+    /// Drop the grants that expired, and publish what is left.
+    fn prune_grants(&mut self) {
+        let now = clock::sample();
+        let before = self.grants.len();
+        self.grants.retain(|(_, b)| b.is_live(now.wall_ms, now.mono_ms));
+        if self.grants.len() != before {
+            self.publish_grants();
+        }
+    }
+
+    fn publish_grants(&self) {
+        let bounds = PublishedBounds::new(self.grants.iter().map(|(_, b)| *b), MAX_LEASES);
+        LEASE_BOUNDS.exclusive().publish(&bounds);
+    }
+
+    fn hello(
+        &mut self,
+        rows: Result<Vec<Vec<Option<String>>>, crate::pg::libpq::RemoteError>,
+    ) -> Result<(), String> {
+        let rows = rows.map_err(|e| match e.sqlstate.as_str() {
+            "42883" | "3F000" => format!(
+                "the oracle has no tsoracle {} (tsoracle.member_hello is missing): install it there, in its tsoracle.database",
+                crate::pg::EXTENSION_VERSION
+            ),
+            "42501" => format!(
+                "the oracle refuses this member's role: grant it tsoracle_member there ({})",
+                e.message
+            ),
+            _ => format!("the oracle refused this member: {} ({})", e.message, e.sqlstate),
+        })?;
+        let row = rows.first().ok_or("the oracle's hello returned no row")?;
+        let field = |i: usize| row.get(i).cloned().flatten().unwrap_or_default();
+        let version = field(1);
+        if !crate::pg::compatible_versions(&version, crate::pg::EXTENSION_VERSION) {
+            return Err(format!(
+                "the oracle runs tsoracle {version}, this member {}: install the same minor version on both",
+                crate::pg::EXTENSION_VERSION
+            ));
+        }
+        let epoch = field(2).parse::<u64>().map_err(|_| "the oracle's hello has no epoch")?;
+        self.check_epoch(epoch)?;
+        {
+            let mut st = MEMBER.exclusive();
+            st.oracle_system_id = field(0).parse::<i64>().unwrap_or(0) as u64;
+            st.connected = true;
+            st.connects += 1;
+            st.last_error = Text::default();
+        }
+        if let Link::Up { ready, .. } = &mut self.link {
+            *ready = true;
+        }
+        self.backoff_ms = 100;
+        set_phase(self.signals, Phase::Serving);
+        pgrx::log!("tsoracle member connected to its oracle (epoch {epoch})");
+        Ok(())
+    }
+
+    /// Refuse an answer from an epoch older than one seen (a deposed primary); raise the one
+    /// seen otherwise.
+    fn check_epoch(&mut self, epoch: u64) -> Result<(), String> {
+        let mut st = MEMBER.exclusive();
+        let mut gate = EpochGate::new(st.oracle_epoch);
+        let accepted = gate.accept(epoch).map_err(|e| format!("{e}; looking for the new one"));
+        st.oracle_epoch = gate.seen();
+        accepted
+    }
+
+    fn count(&self, took: Duration, calls: usize, values: u64) {
+        let us = took.as_micros() as u64;
+        let mut st = MEMBER.exclusive();
+        st.round_trips += 1;
+        st.round_trip_us_total += us;
+        st.last_round_trip_us = us;
+        st.calls_served += calls as u64;
+        st.values_fetched += values;
+    }
+
+    fn retry_next(&mut self, calls: Vec<(Ticket, u32)>) {
+        let now = Instant::now();
+        self.waiting.extend(calls.into_iter().map(|(ticket, count)| Waiting {
+            ticket,
+            requests: vec![Request::new(RequestKind::Next, "", u64::from(count))],
+            since: now,
+        }));
+    }
+
+    /// Calls that waited here past their callers' deadline: answer them (the callers have
+    /// left with 57P03) so that their queue entries are free again.
+    fn expire_waiting(&mut self) {
+        let deadline = Duration::from_millis(guc::extension_timeout_ms() as u64);
+        let (expired, keep): (Vec<Waiting>, Vec<Waiting>) = std::mem::take(&mut self.waiting)
+            .into_iter()
+            .partition(|w| w.since.elapsed() > deadline);
+        self.waiting = keep;
+        if expired.is_empty() {
+            return;
+        }
+        let mut st = MEMBER.exclusive();
+        let why = st.last_error.get().unwrap_or_else(|| {
+            "the oracle did not answer within tsoracle.extension_timeout_ms".into()
+        });
+        let replies: Vec<(Ticket, Vec<Reply>)> = expired
+            .iter()
+            .map(|w| {
+                st.keep_error(w.ticket.generation, "57P03", &why, None);
+                (w.ticket, vec![remote(w.ticket); w.requests.len()])
+            })
+            .collect();
+        drop(st);
+        answer(&replies);
+    }
+
+    /// Record why the member does not serve right now.
+    fn note(&mut self, why: &str) {
+        {
+            let mut st = MEMBER.exclusive();
+            st.last_error = Text::new(why);
+            st.last_error_ms = clock::now_ms();
+        }
+        if self.warned.is_none_or(|at| at.elapsed() >= Duration::from_secs(60)) {
+            self.warned = Some(Instant::now());
+            pgrx::warning!("tsoracle member: {why}");
+        }
+    }
+
+    /// Could not connect: try again after a back-off.
+    fn down(&mut self, why: &str) {
+        self.note(why);
+        MEMBER.exclusive().connected = false;
+        MEMBER.exclusive().oracle_pid = 0;
+        set_phase(self.signals, Phase::Starting);
+        self.link = Link::Down(Instant::now() + Duration::from_millis(self.backoff_ms));
+        self.backoff_ms = (self.backoff_ms * 2).min(1000);
+        self.lost_in_flight();
+    }
+
+    /// The connection broke (or must not be trusted): reconnect.
+    fn broken(&mut self, why: &str) {
+        self.backoff_ms = 100;
+        self.down(why);
+    }
+
+    /// What was in flight on a connection that is gone: timestamps are fetched again (those
+    /// lost were never handed out); blocks and leases may have been granted (`40003`).
+    fn lost_in_flight(&mut self) {
+        let mut lost = Vec::new();
+        for sent in std::mem::take(&mut self.sent) {
+            match sent.flight {
+                Flight::Next { calls, .. } => self.retry_next(calls),
+                Flight::Call { ticket, requests } => {
+                    if grants_lease(&requests) {
+                        self.granting = self.granting.saturating_sub(1);
+                        if self.granting == 0 {
+                            release_grant_hold();
+                        }
+                    }
+                    let rereadable = requests.iter().all(|r| {
+                        matches!(r.kind, RequestKind::SafeFrontier | RequestKind::SeqPeek)
+                    });
+                    if rereadable {
+                        self.waiting.push(Waiting { ticket, requests, since: sent.at });
+                    } else {
+                        lost.push((ticket, vec![Reply::err(ReplyCode::Lost); requests.len()]));
+                    }
+                }
+                Flight::Hello | Flight::Heartbeat => {}
+            }
+        }
+        answer(&lost);
+    }
+}
+
+/// A call that grants or renews a lease.
+fn grants_lease(requests: &[Request]) -> bool {
+    requests.iter().any(|r| matches!(r.kind, RequestKind::LeaseAcquire | RequestKind::LeaseRenew))
+}
+
+/// While lease grants are in flight: the worker's own holder slot holds `R` below the
+/// member's floor, below every value the oracle had issued when they left, so below their
+/// lowest stamps (each one past a value the oracle issued at the grant).
+fn hold_for_grants(signals: &Signals) {
+    if let Some(slot) = HOLDERS.mine() {
+        // SAFETY: a plain read of this process's pid.
+        slot.publish(signals.member_floor.get(), unsafe { pg_sys::MyProcPid });
+        // As in a caller's hold: a reader whose fence comes after sees the slot.
+        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+fn release_grant_hold() {
+    if let Some(slot) = HOLDERS.mine() {
+        slot.clear();
+    }
+}
+
+fn remote(ticket: Ticket) -> Reply {
+    Reply { epoch: ticket.generation as i64, ..Reply::err(ReplyCode::Remote) }
+}
+
+fn first_and_epoch(rows: &[Vec<Option<String>>]) -> Result<(u64, u64), String> {
+    let row = rows.first().ok_or("the oracle answered no row")?;
+    let num = |i: usize| {
+        row.get(i)
+            .cloned()
+            .flatten()
+            .and_then(|v| v.parse::<u64>().ok())
+            .ok_or_else(|| format!("the oracle answered a malformed row: {row:?}"))
+    };
+    Ok((num(0)?, num(1)?))
+}
+
+/// Hand the replies to their callers and wake them.
+pub(super) fn answer(replies: &[(Ticket, Vec<Reply>)]) {
+    if replies.is_empty() {
+        return;
+    }
+    let waiters: Vec<usize> = match QUEUE.exclusive() {
+        Ok(mut guard) => {
+            let mut queue = guard.queue();
+            replies.iter().filter_map(|(t, r)| queue.answer(*t, r)).collect()
+        }
+        Err(_) => Vec::new(),
+    };
+    shmem::queue::wake_waiters(waiters);
+    if let Ok(signals) = shmem::signals() {
+        signals.broadcast_answers();
+    }
+}

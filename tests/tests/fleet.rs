@@ -1,0 +1,320 @@
+//! A fleet (docs/fleet.md): member clusters (`tsoracle.oracle = <conninfo>`) served by one
+//! oracle cluster, so that `tso_next()` on any cluster of the fleet is in one order.
+//!
+//! - one order under faults: an oracle with a synchronous standby and two members, 16 clients
+//!   on each of the three clusters taking timestamps (and blocks through the members), while
+//!   the oracle's primary is killed (`kill -9`) and its standby promoted, a member restarts and
+//!   a member's connection to the oracle is terminated: across every cluster's history no
+//!   value is issued twice, a call that began after another returned got a greater value, and
+//!   no block of a counter is granted twice;
+//! - the resolved timestamp of a member stays below what its open transactions hold;
+//! - what is wrong is refused with a clear error, and the member serves nothing: a bad
+//!   connection string, an unreachable oracle, an oracle without tsoracle, a member pointing
+//!   at itself or at another member, a role that is not `tsoracle_member`; the connection
+//!   string is hidden from non-superusers; what a member's role may do on the oracle.
+//!
+//! Run with: `cargo test -p tsoracle-tests --test fleet -- --test-threads=2`
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU16, Ordering};
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use postgres::error::SqlState;
+use postgres::Client;
+use tsoracle_tests::cluster::{make_sync, promote};
+use tsoracle_tests::exporter::Exporter;
+use tsoracle_tests::load::{SeqLoad, SeqLoadOptions};
+use tsoracle_tests::{
+    expect_sqlstate, ops, pg_error_string, poll_until, serving_node, DenseHistory, Endpoint,
+    History, Load, LoadOptions, Node, NodeOpts, StopMode,
+};
+
+const MEMBER_ROLE: &str = "fleet_member";
+const KEYS: [&str; 3] = ["invoice", "order", "ticket"];
+
+/// The oracle's side: a login role for the members, with `tsoracle_member`.
+fn admit_members(oracle: &Node) {
+    let mut c = oracle.connect();
+    c.batch_execute(&format!(
+        "CREATE ROLE {MEMBER_ROLE} LOGIN; GRANT tsoracle_member TO {MEMBER_ROLE};"
+    ))
+    .expect("member role");
+}
+
+/// A member's connection string to the oracle at `ports` (several: the first read-write).
+fn oracle_conninfo(ports: &[u16], user: &str) -> String {
+    let hosts = vec!["127.0.0.1"; ports.len()].join(",");
+    let ports = ports.iter().map(|p| p.to_string()).collect::<Vec<_>>().join(",");
+    format!(
+        "host={hosts} port={ports} user={user} dbname=postgres target_session_attrs=read-write connect_timeout=2"
+    )
+}
+
+fn member_opts(conninfo: &str) -> NodeOpts {
+    NodeOpts::new()
+        .setting("tsoracle.oracle", conninfo)
+        .setting("tsoracle.extension_timeout_ms", 3000)
+}
+
+/// A started member, extension created, serving (connected to its oracle).
+fn member(name: &str, conninfo: &str) -> Node {
+    serving_node(name, member_opts(conninfo))
+}
+
+fn member_status(c: &mut Client) -> (bool, i64, i64, Option<String>) {
+    let r = c
+        .query_one(
+            "SELECT connected, round_trips, values_fetched, last_error FROM tso_member_status()",
+            &[],
+        )
+        .unwrap_or_else(|e| panic!("tso_member_status(): {}", pg_error_string(&e)));
+    (r.get(0), r.get(1), r.get(2), r.get(3))
+}
+
+/// One order across an oracle that fails over and two members, one of which restarts and the
+/// other of which loses its connection.
+#[test]
+fn a_fleet_issues_one_order_through_failover_restarts_and_lost_connections() {
+    let mut oracle = serving_node("fleet-oracle", NodeOpts::new());
+    admit_members(&oracle);
+    let mut standby = Node::base_backup_from(&oracle, "fleet-standby").expect("pg_basebackup");
+    standby.start().expect("start the oracle's standby");
+    make_sync(&mut oracle, standby.name()).expect("synchronous standby");
+    let conninfo = oracle_conninfo(&[oracle.port(), standby.port()], MEMBER_ROLE);
+    let mut m1 = member("fleet-m1", &conninfo);
+    let m2 = member("fleet-m2", &conninfo);
+    for m in [&m1, &m2] {
+        m.connect()
+            .batch_execute("CREATE ROLE app LOGIN; GRANT tsoracle_seq_user TO app")
+            .expect("app role");
+    }
+
+    // 16 clients on each cluster; the oracle's clients follow its primary.
+    let primary_port = Arc::new(AtomicU16::new(oracle.port()));
+    let port = primary_port.clone();
+    let oracle_endpoint = Endpoint::new("oracle", move || {
+        format!(
+            "host=127.0.0.1 port={} user=postgres dbname=postgres connect_timeout=2",
+            port.load(Ordering::SeqCst)
+        )
+    });
+    let history = History::default();
+    let run = Duration::from_secs(40);
+    let loads: Vec<Load> = [oracle_endpoint, m1.endpoint(), m2.endpoint()]
+        .into_iter()
+        .map(|endpoint| {
+            Load::start(vec![endpoint], LoadOptions::new(16, run), ops::mixed(50), history.clone())
+        })
+        .collect();
+    // Blocks through both members, of the same keys: one set of counters, the oracle's.
+    let dense = DenseHistory::default();
+    let seq_loads: Vec<SeqLoad> = [&m1, &m2]
+        .into_iter()
+        .map(|m| {
+            SeqLoad::start(
+                Endpoint::fixed(m.name(), &m.conninfo_for("app", "postgres")),
+                SeqLoadOptions::new(2, run, &KEYS),
+                dense.clone(),
+            )
+        })
+        .collect();
+
+    let started = Instant::now();
+    history.wait_progress(started, 300, "the fleet serves");
+    // kill -9 of the oracle's primary, then its standby promoted: the members find it.
+    oracle.kill9_postmaster().expect("kill -9 the oracle's primary");
+    promote(&standby).expect("promote the oracle's standby");
+    primary_port.store(standby.port(), Ordering::SeqCst);
+    let t = Instant::now();
+    history.wait_progress(t, 300, "the fleet serves after the oracle's failover");
+    // A member restarted.
+    m1.restart(StopMode::Fast).expect("restart member 1");
+    let t = Instant::now();
+    history.wait_progress(t, 300, "the fleet serves after a member's restart");
+    // A member's connection to the oracle terminated, under load.
+    let terminated: i64 = standby
+        .connect()
+        .query_one(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE usename = $1",
+            &[&MEMBER_ROLE],
+        )
+        .unwrap()
+        .get(0);
+    assert!(terminated >= 2, "both members were connected to the new primary ({terminated})");
+    let t = Instant::now();
+    history.wait_progress(t, 300, "the fleet serves after its connections were terminated");
+
+    for l in loads {
+        l.stop_and_join();
+    }
+    for l in seq_loads {
+        l.stop_and_join();
+    }
+    let report = history.assert_valid();
+    for node in ["oracle", "fleet-m1", "fleet-m2"] {
+        let ok = report.per_node.get(node).map_or(0, |n| n.ok_calls);
+        assert!(ok > 100, "{node} served {ok} calls: {report:?}");
+    }
+    // The counters on the oracle: every block granted through a member tiles below them.
+    let mut c = standby.connect();
+    let totals: BTreeMap<String, i64> = KEYS
+        .iter()
+        .map(|k| {
+            let v: Option<i64> = c.query_one("SELECT tso_seq_peek($1)", &[k]).unwrap().get(0);
+            (k.to_string(), v.unwrap_or(0))
+        })
+        .collect();
+    let blocks = dense.check(Some(&totals)).unwrap_or_else(|v| panic!("blocks: {v}"));
+    let granted: usize = blocks.keys.values().map(|k| k.ok_calls).sum();
+    assert!(granted > 50, "blocks granted through the members: {blocks:?}");
+    // The members coalesced: more values than round trips.
+    let (connected, round_trips, values, _) = member_status(&mut m2.connect());
+    assert!(connected, "member 2 is connected again");
+    assert!(values > round_trips, "member 2 fetched {values} values in {round_trips} round trips");
+
+    // The shipped Prometheus queries on a member: its tsoracle_member_* metrics.
+    let exporter = Exporter::start("member", &m2, "postgres").expect("postgres_exporter");
+    let m = exporter.scrape().expect("scrape");
+    let member_metrics = m.names_with_prefix("tsoracle_member_");
+    for name in [
+        "tsoracle_member_connected",
+        "tsoracle_member_oracle_epoch",
+        "tsoracle_member_connects_total",
+        "tsoracle_member_round_trips_total",
+        "tsoracle_member_calls_total",
+        "tsoracle_member_values_total",
+        "tsoracle_member_last_round_trip_seconds",
+    ] {
+        assert!(member_metrics.contains(name), "{name} in {member_metrics:?}");
+    }
+    assert_eq!(m.value("tsoracle_member_connected").unwrap(), 1.0);
+    assert!(m.value("tsoracle_member_round_trips_total").unwrap() >= round_trips as f64);
+}
+
+/// A member's resolved timestamp: below the value an open transaction on it holds, and past
+/// it once that transaction has committed.
+#[test]
+fn a_members_resolved_timestamp_stays_below_its_open_transactions() {
+    let oracle = serving_node("fleet-r-oracle", NodeOpts::new());
+    admit_members(&oracle);
+    let m = member("fleet-r-m", &oracle_conninfo(&[oracle.port()], MEMBER_ROLE));
+    let mut holder = m.connect();
+    holder.batch_execute("BEGIN").unwrap();
+    let held: i64 = holder.query_one("SELECT tso_next()", &[]).unwrap().get(0);
+    let mut c = m.connect();
+    // Others go on meanwhile, on the member and on the oracle.
+    for _ in 0..50 {
+        let _: i64 = c.query_one("SELECT tso_next()", &[]).unwrap().get(0);
+        let _: i64 = oracle.connect().query_one("SELECT tso_next()", &[]).unwrap().get(0);
+    }
+    thread::sleep(Duration::from_millis(500));
+    let r: i64 = c.query_one("SELECT tso_resolved()", &[]).unwrap().get(0);
+    assert!(r < held, "R {r} passed {held}, which an open transaction holds");
+    holder.batch_execute("COMMIT").unwrap();
+    poll_until("R passes the committed value", Duration::from_secs(10), || {
+        let r: i64 = c.query_one("SELECT tso_resolved()", &[]).unwrap().get(0);
+        (r >= held).then_some(())
+    });
+}
+
+/// A member that cannot be served serves nothing, and says why.
+#[track_caller]
+fn expect_refusal(node: &Node, needle: &str) {
+    let mut c = node.connect();
+    let e = expect_sqlstate(
+        c.query_one("SELECT tso_next()", &[]),
+        &SqlState::CANNOT_CONNECT_NOW,
+        &format!("{}: tso_next()", node.name()),
+    );
+    let text = pg_error_string(&e);
+    assert!(text.contains(needle), "{}: expected {needle:?} in: {text}", node.name());
+    let role: String = c.query_one("SELECT role FROM tso_status()", &[]).unwrap().get(0);
+    assert_eq!(role, "member");
+}
+
+#[test]
+fn what_is_wrong_with_a_member_is_refused_with_a_clear_error() {
+    let oracle = serving_node("fleet-e-oracle", NodeOpts::new());
+    admit_members(&oracle);
+    oracle
+        .connect()
+        .batch_execute("CREATE ROLE not_a_member LOGIN")
+        .expect("a role without tsoracle_member");
+    let plain =
+        Node::start_new("fleet-e-plain", NodeOpts::new()).expect("a cluster without the extension");
+
+    let start = |name: &str, conninfo: &str| {
+        let n = Node::start_new(name, member_opts(conninfo)).expect("start");
+        n.connect().batch_execute("CREATE EXTENSION tsoracle").expect("CREATE EXTENSION");
+        n
+    };
+    let bad = start("fleet-e-bad", "host=127.0.0.1 port");
+    expect_refusal(&bad, "not a valid connection string");
+    let state: String =
+        bad.connect().query_one("SELECT state FROM tso_status()", &[]).unwrap().get(0);
+    assert_eq!(
+        state, "refused",
+        "a connection string libpq cannot read is refused until a restart"
+    );
+    let bad_port = start("fleet-e-port", "host=127.0.0.1 port=notaport");
+    expect_refusal(&bad_port, "invalid integer value \"notaport\"");
+    let unreachable = start("fleet-e-gone", &oracle_conninfo(&[1], MEMBER_ROLE));
+    expect_refusal(&unreachable, "cannot connect to the oracle");
+    let no_extension = start("fleet-e-noext", &oracle_conninfo(&[plain.port()], "postgres"));
+    expect_refusal(&no_extension, "has no tsoracle");
+    let wrong_role = start("fleet-e-role", &oracle_conninfo(&[oracle.port()], "not_a_member"));
+    expect_refusal(&wrong_role, "tsoracle_member");
+    let good = member("fleet-e-good", &oracle_conninfo(&[oracle.port()], MEMBER_ROLE));
+    admit_members(&good);
+    let chained = start("fleet-e-chain", &oracle_conninfo(&[good.port()], MEMBER_ROLE));
+    expect_refusal(&chained, "itself a member");
+    // A member pointing at itself.
+    let mut myself = Node::init("fleet-e-self", member_opts("host=127.0.0.1")).expect("init");
+    let own = oracle_conninfo(&[myself.port()], "postgres");
+    myself.set_conf("tsoracle.oracle", own).expect("point it at itself");
+    myself.start().expect("start");
+    myself.connect().batch_execute("CREATE EXTENSION tsoracle").expect("CREATE EXTENSION");
+    expect_refusal(&myself, "itself a member");
+
+    // The connection string is for superusers only (a passfile keeps the password out).
+    let mut g = good.connect();
+    g.batch_execute("CREATE ROLE plain_user LOGIN").unwrap();
+    let mut u = good.connect_as("plain_user");
+    let visible: Option<String> = u
+        .query_one("SELECT setting FROM pg_settings WHERE name = 'tsoracle.oracle'", &[])
+        .ok()
+        .and_then(|r| r.get(0));
+    assert!(
+        visible.as_deref().is_none_or(|v| !v.contains("port=")),
+        "a non-superuser reads tsoracle.oracle: {visible:?}"
+    );
+    expect_sqlstate(
+        u.query_one("SHOW tsoracle.oracle", &[]),
+        &SqlState::INSUFFICIENT_PRIVILEGE,
+        "SHOW tsoracle.oracle as a non-superuser",
+    );
+
+    // On the oracle, the member's role may call the member functions and nothing that lowers
+    // or resets the oracle; no one else may call them.
+    let mut as_member = oracle.connect_as(MEMBER_ROLE);
+    expect_sqlstate(
+        as_member.query("SELECT * FROM tsoracle.member_next(1000000)", &[]),
+        &SqlState::INVALID_PARAMETER_VALUE,
+        "a member asks for more than a batch holds",
+    );
+    expect_sqlstate(
+        as_member.query_one("SELECT tso_seed(1)", &[]),
+        &SqlState::INSUFFICIENT_PRIVILEGE,
+        "a member seeds the oracle",
+    );
+    let mut outsider = oracle.connect_as("not_a_member");
+    expect_sqlstate(
+        outsider.query("SELECT * FROM tsoracle.member_next(1)", &[]),
+        &SqlState::INSUFFICIENT_PRIVILEGE,
+        "a role without tsoracle_member calls member_next",
+    );
+    let ok = as_member.query("SELECT * FROM tsoracle.member_next(10)", &[]).unwrap();
+    assert_eq!(ok.len(), 1);
+}
