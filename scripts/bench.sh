@@ -19,8 +19,10 @@
 # BENCH_COPY_ROWS (rows per COPY, default 1000000), BENCH_COPY_REPS (default 5),
 # BENCH_CEIL_CLIENTS (tso_seq against one-row INSERT commits, one key and from 8 clients up
 # eight keys, default "1 2 4 8 32 128"; empty skips it), BENCH_CEIL_REPS (default 5),
+# BENCH_MEMBER_CLIENTS (a member of a fleet: its tso_next() against its SELECT 1 and the
+# oracle's tso_next(), default "1 8 32 128"; empty skips it),
 # BENCH_ONLY (run only these sections, e.g. "throughput writes": throughput, resolved, percall,
-# batch, seq, ceiling, writes, p99, curve; default: all),
+# batch, seq, ceiling, member, writes, p99, curve; default: all),
 # BENCH_CURVE_CLIENTS (the scaling curve, default "1 2 4 8 16 32 64 128 256"; empty skips it),
 # BENCH_CURVE_SECONDS (pgbench -T per curve run, default 5), BENCH_CURVE_REPS (default 2),
 # BENCH_CURVE_SAMPLING (pgbench --sampling-rate of the curve's per-transaction logs, default 0.2),
@@ -82,6 +84,7 @@ COPY_REPS=${BENCH_COPY_REPS:-5}
 CURVE_CLIENTS=${BENCH_CURVE_CLIENTS-"1 2 4 8 16 32 64 128 256"}
 CEIL_CLIENTS=${BENCH_CEIL_CLIENTS-"1 2 4 8 32 128"}
 CEIL_REPS=${BENCH_CEIL_REPS:-5}
+MEMBER_CLIENTS=${BENCH_MEMBER_CLIENTS-"1 8 32 128"}
 ONLY=${BENCH_ONLY:-}
 # want SECTION: run this section (all of them unless BENCH_ONLY names some).
 want() { [ -z "$ONLY" ] || [[ " $ONLY " == *" $1 "* ]]; }
@@ -123,6 +126,9 @@ cleanup() {
     if [ -n "${SAMPLER_PID:-}" ]; then kill "$SAMPLER_PID" 2>/dev/null; wait "$SAMPLER_PID" 2>/dev/null; fi
     if [ -s "$DATA/PG_VERSION" ]; then
         as_pg "$BIN/pg_ctl" -D "$DATA" -m immediate -w stop >/dev/null 2>&1 || true
+    fi
+    if [ -s "$WORK/member/PG_VERSION" ]; then
+        as_pg "$BIN/pg_ctl" -D "$WORK/member" -m immediate -w stop >/dev/null 2>&1 || true
     fi
     if [ "${BENCH_KEEP:-0}" = 1 ]; then
         echo "bench: kept $WORK" >&2
@@ -337,7 +343,7 @@ run_pgbench() {
     local out="$RUNS/$tag.out"
     start_sampler "$RUNS/$tag.waits"
     [ "$name" = ins_tso ] && start_lag_sampler "$RUNS/$tag.lag"
-    "$SYSBIN/pgbench" -h "$WORK" -p "$PORT" -U postgres -n -M prepared -T "${RUN_SECS:-$SECS}" -c "$clients" -j "$jobs" \
+    "$SYSBIN/pgbench" -h "$WORK" -p "${TARGET_PORT:-$PORT}" -U postgres -n -M prepared -T "${RUN_SECS:-$SECS}" -c "$clients" -j "$jobs" \
         -f "$HERE/$script.sql" "$@" postgres >"$out" 2>&1
     local rc=$?
     stop_sampler
@@ -487,6 +493,54 @@ if [ "$SEQ_OK" = 1 ] && [ -n "$CEIL_CLIENTS" ]; then
             done
         done
         sql "TRUNCATE commit_ceiling" >/dev/null
+    done
+fi
+fi
+
+# --- 4c. a member of a fleet ----------------------------------------------------------------
+if want member; then
+# A second cluster on this machine, a member of the first (tsoracle.oracle through its socket):
+# tso_next() on the member against SELECT 1 on the member and tso_next() on the oracle; the
+# values the member fetched per round trip (tso_member_status()); one client's latency against
+# member SELECT 1 plus a round trip to the oracle (SELECT 1 there).
+if [ -n "$MEMBER_CLIENTS" ]; then
+    MDATA="$WORK/member"
+    MPORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    echo "==> a member of this cluster (port $MPORT; clients: $MEMBER_CLIENTS)" >&2
+    "$ROOT/scripts/init-cluster.sh" "$BIN" "$MDATA" "$MPORT" "$WORK" "max_connections=$MAX_CONN" "jit=off" \
+        "tsoracle.oracle=host=$WORK port=$PORT user=postgres dbname=postgres" || die "initdb of the member failed"
+    as_pg "$BIN/pg_ctl" -D "$MDATA" -l "$WORK/member.log" -w -t 60 start >/dev/null \
+        || { tail -n 30 "$WORK/member.log" >&2; die "the member did not start"; }
+    MSQL=("$SYSBIN/psql" -X -q -At -h "$WORK" -p "$MPORT" -U postgres -d postgres -v ON_ERROR_STOP=1)
+    "${MSQL[@]}" -c "CREATE EXTENSION tsoracle" || die "CREATE EXTENSION on the member failed"
+    mstate=""
+    for _ in $(seq 1 300); do
+        mstate=$("${MSQL[@]}" -c "SELECT state FROM tso_status()" 2>/dev/null)
+        [ "$mstate" = serving ] && break
+        sleep 0.2
+    done
+    [ "$mstate" = serving ] || { tail -n 30 "$WORK/member.log" >&2; die "the member is not serving ($mstate)"; }
+    member_counts() { "${MSQL[@]}" -c "SELECT round_trips || ' ' || values_fetched FROM tso_member_status()"; }
+    for c in $MEMBER_CLIENTS; do
+        for r in $(seq 1 "$REPS"); do
+            for w in $(rotated "$r" mem_tso_next mem_select1 orc_tso_next); do
+                port=$PORT script=tso_next
+                case "$w" in mem_*) port=$MPORT ;; esac
+                [ "$w" = mem_select1 ] && script=select1
+                before=$(member_counts)
+                if [ "$c" = 1 ]; then
+                    TARGET_PORT=$port run_pgbench "$w" "$script" "$c" "$r" -l --log-prefix="$RUNS/txlog.$w.c$c.r$r"
+                    rec lat "$w" "$c" "$r" "$RUNS/txlog.$w.c$c.r$r"
+                else
+                    TARGET_PORT=$port run_pgbench "$w" "$script" "$c" "$r"
+                fi
+                [ "$w" = mem_tso_next ] && rec member "$c" "$r" "$before" "$(member_counts)"
+            done
+            if [ "$c" = 1 ]; then
+                run_pgbench orc_select1 select1 1 "$r" -l --log-prefix="$RUNS/txlog.orc_select1.c1.r$r"
+                rec lat orc_select1 1 "$r" "$RUNS/txlog.orc_select1.c1.r$r"
+            fi
+        done
     done
 fi
 fi

@@ -42,6 +42,7 @@ waits = collections.defaultdict(list)    # (workload, clients) -> [files]
 lags = collections.defaultdict(list)     # (workload, clients) -> [files of lag_ms samples]
 status = {}
 fails = []
+member_rt = collections.defaultdict(dict)  # clients -> {rep: (round trips, values) during the run}
 
 ap = argparse.ArgumentParser(description="the tsoracle benchmark report")
 ap.add_argument("results")
@@ -80,6 +81,12 @@ with open(args.results) as f:
                 status[parts[1]] = {}
         elif kind == "fail":
             fails.append(parts[1:])
+        elif kind == "member":
+            try:
+                b, a = [list(map(int, x.split())) for x in parts[3:5]]
+                member_rt[int(parts[1])][int(parts[2])] = (a[0] - b[0], a[1] - b[1])
+            except (ValueError, IndexError):
+                pass
 
 
 def first(key, default="?"):
@@ -301,6 +308,29 @@ for c in sorted({c for (w, c) in lat if w == "ceil_tso_seq"}):
               f"{p} of a one-row INSERT commit", fmt_lat(med(base.values())), fmt_spread(cand, base), "<= 1.15",
               verdict(None if r is None else r <= 1.15)],
              noisy(busy_keys=[("ceil_tso_seq", c), ("ceil_ins_commit", c)]))
+
+# 4c. a member of a fleet: tso_next() there against its SELECT 1 and the oracle's tso_next()
+for c in sorted({c for (w, c) in tps if w == "mem_tso_next"}):
+    tps_row("member SELECT tso_next()", "mem_tso_next", "member SELECT 1", "mem_select1", c,
+            0.80 if c == 32 else None)
+    tps_row("member SELECT tso_next()", "mem_tso_next", "oracle SELECT tso_next()", "orc_tso_next", c)
+    per = [v / t for (t, v) in member_rt.get(c, {}).values() if t > 0]
+    if per:
+        rows.append(["values per round trip, member tso_next()", c, f"{med(per):.1f}", "-", "-", "-",
+                     "report", "-"])
+if ("mem_tso_next", 1) in lat:
+    stats = {w: {rep: v for rep, pre in lat.get((w, 1), {}).items() if (v := percentiles(pre))}
+             for w in ("mem_tso_next", "mem_select1", "orc_select1")}
+    for p in ("p50", "p99"):
+        cand = {rep: v[p] for rep, v in stats["mem_tso_next"].items()}
+        base = {rep: v[p] + stats["orc_select1"][rep][p] for rep, v in stats["mem_select1"].items()
+                if rep in stats["orc_select1"]}
+        r = paired_ratio(cand, base)
+        target = "<= 1.25" if p == "p50" else "report"
+        flag([f"{p} latency, member SELECT tso_next()", 1, fmt_lat(med(cand.values())),
+              f"{p} of member SELECT 1 + oracle SELECT 1", fmt_lat(med(base.values())), fmt_spread(cand, base),
+              target, verdict(None if r is None or p != "p50" else r <= 1.25)],
+             noisy(busy_keys=[("mem_tso_next", 1), ("mem_select1", 1)]))
 
 # 5. p99 latency across window extensions
 p99 = {}

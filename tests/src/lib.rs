@@ -19,6 +19,7 @@
 //! * [`tso`]: helpers for the extension's SQL surface (`tso_status()`, `wait_serving`, the
 //!   timestamp layout, SQLSTATE assertions).
 //! * [`pooler`]: PgBouncer in front of a node, with the configuration the repository ships.
+//! * [`tls`]: a throw-away certificate authority, and a node that requires TLS of some roles.
 //! * [`exporter`]: postgres_exporter with the queries the repository ships, its scrapes
 //!   parsed; `promtool` for the alert rules.
 //!
@@ -36,6 +37,7 @@ pub mod pooler;
 pub mod process;
 pub mod rng;
 pub mod seqlease;
+pub mod tls;
 pub mod tso;
 
 pub use error::{pg_error_string, HarnessError};

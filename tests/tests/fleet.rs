@@ -11,7 +11,11 @@
 //! - what is wrong is refused with a clear error, and the member serves nothing: a bad
 //!   connection string, an unreachable oracle, an oracle without tsoracle, a member pointing
 //!   at itself or at another member, a role that is not `tsoracle_member`; the connection
-//!   string is hidden from non-superusers; what a member's role may do on the oracle.
+//!   string is hidden from non-superusers; what a member's role may do on the oracle;
+//! - a block whose answer was lost fails `40003` and is never granted twice;
+//! - a deposed primary that still answers is refused (its epoch is older);
+//! - TLS with `sslmode=verify-full`: served when the member trusts the oracle's certificate,
+//!   refused with libpq's reason when it does not, or when it does not use TLS.
 //!
 //! Run with: `cargo test -p tsoracle-tests --test fleet -- --test-threads=2`
 
@@ -26,6 +30,8 @@ use postgres::Client;
 use tsoracle_tests::cluster::{make_sync, promote};
 use tsoracle_tests::exporter::Exporter;
 use tsoracle_tests::load::{SeqLoad, SeqLoadOptions};
+use tsoracle_tests::seqlease::alter_system;
+use tsoracle_tests::tls::TestCa;
 use tsoracle_tests::{
     expect_sqlstate, ops, pg_error_string, poll_until, serving_node, DenseHistory, Endpoint,
     History, Load, LoadOptions, Node, NodeOpts, StopMode,
@@ -33,6 +39,8 @@ use tsoracle_tests::{
 
 const MEMBER_ROLE: &str = "fleet_member";
 const KEYS: [&str; 3] = ["invoice", "order", "ticket"];
+/// The clusters of the fleet, as the history names them.
+const NODES: [&str; 3] = ["oracle", "fleet-m1", "fleet-m2"];
 
 /// The oracle's side: a login role for the members, with `tsoracle_member`.
 fn admit_members(oracle: &Node) {
@@ -122,17 +130,17 @@ fn a_fleet_issues_one_order_through_failover_restarts_and_lost_connections() {
         .collect();
 
     let started = Instant::now();
-    history.wait_progress(started, 300, "the fleet serves");
+    history.wait_progress_on(&NODES, started, 100, "the fleet serves");
     // kill -9 of the oracle's primary, then its standby promoted: the members find it.
     oracle.kill9_postmaster().expect("kill -9 the oracle's primary");
     promote(&standby).expect("promote the oracle's standby");
     primary_port.store(standby.port(), Ordering::SeqCst);
     let t = Instant::now();
-    history.wait_progress(t, 300, "the fleet serves after the oracle's failover");
+    history.wait_progress_on(&NODES, t, 100, "the fleet serves after the oracle's failover");
     // A member restarted.
     m1.restart(StopMode::Fast).expect("restart member 1");
     let t = Instant::now();
-    history.wait_progress(t, 300, "the fleet serves after a member's restart");
+    history.wait_progress_on(&NODES, t, 100, "the fleet serves after a member's restart");
     // A member's connection to the oracle terminated, under load.
     let terminated: i64 = standby
         .connect()
@@ -144,7 +152,12 @@ fn a_fleet_issues_one_order_through_failover_restarts_and_lost_connections() {
         .get(0);
     assert!(terminated >= 2, "both members were connected to the new primary ({terminated})");
     let t = Instant::now();
-    history.wait_progress(t, 300, "the fleet serves after its connections were terminated");
+    history.wait_progress_on(
+        &NODES,
+        t,
+        100,
+        "the fleet serves after its connections were terminated",
+    );
 
     for l in loads {
         l.stop_and_join();
@@ -153,7 +166,7 @@ fn a_fleet_issues_one_order_through_failover_restarts_and_lost_connections() {
         l.stop_and_join();
     }
     let report = history.assert_valid();
-    for node in ["oracle", "fleet-m1", "fleet-m2"] {
+    for node in NODES {
         let ok = report.per_node.get(node).map_or(0, |n| n.ok_calls);
         assert!(ok > 100, "{node} served {ok} calls: {report:?}");
     }
@@ -219,6 +232,13 @@ fn a_members_resolved_timestamp_stays_below_its_open_transactions() {
     });
 }
 
+/// A started member with the extension created, not waited on: it may be refused.
+fn start_member(name: &str, conninfo: &str) -> Node {
+    let n = Node::start_new(name, member_opts(conninfo)).expect("start");
+    n.connect().batch_execute("CREATE EXTENSION tsoracle").expect("CREATE EXTENSION");
+    n
+}
+
 /// A member that cannot be served serves nothing, and says why.
 #[track_caller]
 fn expect_refusal(node: &Node, needle: &str) {
@@ -245,12 +265,7 @@ fn what_is_wrong_with_a_member_is_refused_with_a_clear_error() {
     let plain =
         Node::start_new("fleet-e-plain", NodeOpts::new()).expect("a cluster without the extension");
 
-    let start = |name: &str, conninfo: &str| {
-        let n = Node::start_new(name, member_opts(conninfo)).expect("start");
-        n.connect().batch_execute("CREATE EXTENSION tsoracle").expect("CREATE EXTENSION");
-        n
-    };
-    let bad = start("fleet-e-bad", "host=127.0.0.1 port");
+    let bad = start_member("fleet-e-bad", "host=127.0.0.1 port");
     expect_refusal(&bad, "not a valid connection string");
     let state: String =
         bad.connect().query_one("SELECT state FROM tso_status()", &[]).unwrap().get(0);
@@ -258,17 +273,18 @@ fn what_is_wrong_with_a_member_is_refused_with_a_clear_error() {
         state, "refused",
         "a connection string libpq cannot read is refused until a restart"
     );
-    let bad_port = start("fleet-e-port", "host=127.0.0.1 port=notaport");
+    let bad_port = start_member("fleet-e-port", "host=127.0.0.1 port=notaport");
     expect_refusal(&bad_port, "invalid integer value \"notaport\"");
-    let unreachable = start("fleet-e-gone", &oracle_conninfo(&[1], MEMBER_ROLE));
+    let unreachable = start_member("fleet-e-gone", &oracle_conninfo(&[1], MEMBER_ROLE));
     expect_refusal(&unreachable, "cannot connect to the oracle");
-    let no_extension = start("fleet-e-noext", &oracle_conninfo(&[plain.port()], "postgres"));
+    let no_extension = start_member("fleet-e-noext", &oracle_conninfo(&[plain.port()], "postgres"));
     expect_refusal(&no_extension, "has no tsoracle");
-    let wrong_role = start("fleet-e-role", &oracle_conninfo(&[oracle.port()], "not_a_member"));
+    let wrong_role =
+        start_member("fleet-e-role", &oracle_conninfo(&[oracle.port()], "not_a_member"));
     expect_refusal(&wrong_role, "tsoracle_member");
     let good = member("fleet-e-good", &oracle_conninfo(&[oracle.port()], MEMBER_ROLE));
     admit_members(&good);
-    let chained = start("fleet-e-chain", &oracle_conninfo(&[good.port()], MEMBER_ROLE));
+    let chained = start_member("fleet-e-chain", &oracle_conninfo(&[good.port()], MEMBER_ROLE));
     expect_refusal(&chained, "itself a member");
     // A member pointing at itself.
     let mut myself = Node::init("fleet-e-self", member_opts("host=127.0.0.1")).expect("init");
@@ -317,4 +333,158 @@ fn what_is_wrong_with_a_member_is_refused_with_a_clear_error() {
     );
     let ok = as_member.query("SELECT * FROM tsoracle.member_next(10)", &[]).unwrap();
     assert_eq!(ok.len(), 1);
+}
+
+/// A block whose answer was lost: the oracle's worker is held in the group commit of a new key
+/// (the test build's `tsoracle.test_worker_hold_key`) while the member's connection to the
+/// oracle is terminated. The call fails with `40003` and is not sent again; once the oracle's
+/// worker goes on, the block it committed is a gap, and the next block starts above it.
+#[test]
+fn a_block_whose_answer_was_lost_fails_40003_and_is_never_granted_twice() {
+    let oracle = serving_node("fleet-l-oracle", NodeOpts::new());
+    admit_members(&oracle);
+    let m = member("fleet-l-m", &oracle_conninfo(&[oracle.port()], MEMBER_ROLE));
+    alter_system(&oracle, "tsoracle.test_worker_hold_key", Some("lost"))
+        .expect("hold the oracle's worker");
+    let conninfo = m.conninfo();
+    let call = thread::spawn(move || {
+        let mut c = Client::connect(&conninfo, postgres::NoTls).expect("connect to the member");
+        c.query_one("SELECT tso_seq('lost', 5)", &[])
+    });
+    let mut o = oracle.connect();
+    let pid: i32 =
+        poll_until("the member's call waits on the oracle", Duration::from_secs(20), || {
+            o.query_opt(
+            "SELECT pid FROM pg_stat_activity WHERE usename = $1 AND wait_event_type = 'Extension' \
+                AND strpos(query, 'member_seq') > 0",
+            &[&MEMBER_ROLE],
+        )
+        .unwrap()
+        .map(|r| r.get(0))
+        });
+    let _: bool = o.query_one("SELECT pg_terminate_backend($1)", &[&pid]).unwrap().get(0);
+    let e = expect_sqlstate(
+        call.join().expect("the call's thread"),
+        &SqlState::T_R_STATEMENT_COMPLETION_UNKNOWN,
+        "tso_seq whose answer was lost",
+    );
+    assert!(
+        pg_error_string(&e).contains("tso_seq_peek"),
+        "the HINT says how to check: {}",
+        pg_error_string(&e)
+    );
+    alter_system(&oracle, "tsoracle.test_worker_hold_key", None)
+        .expect("release the oracle's worker");
+    let mut c = m.connect();
+    let next: i64 = poll_until("the member serves blocks again", Duration::from_secs(20), || {
+        c.query_one("SELECT tso_seq('lost', 1)", &[]).ok().map(|r| r.get(0))
+    });
+    let peek: Option<i64> = o.query_one("SELECT tso_seq_peek('lost')", &[]).unwrap().get(0);
+    assert!(next == 0 || next >= 5, "the lost block [0, 5) granted again from {next}");
+    assert_eq!(peek, Some(next + 1), "the oracle's counter is the member's");
+}
+
+/// A deposed primary that still answers is refused: after the oracle's standby was promoted
+/// and served the member (epoch 2), the old primary comes back read-write (epoch 1) and is
+/// the first host of the member's connection string. The member refuses its answers, serves
+/// nothing (57P03 naming the deposed primary), and serves again, above everything before,
+/// once only the new primary answers.
+#[test]
+fn a_member_refuses_a_deposed_primary() {
+    let mut old = serving_node("fleet-d-old", NodeOpts::new());
+    admit_members(&old);
+    let mut new = Node::base_backup_from(&old, "fleet-d-new").expect("pg_basebackup");
+    new.start().expect("start the standby");
+    let m = member("fleet-d-m", &oracle_conninfo(&[old.port(), new.port()], MEMBER_ROLE));
+    let mut c = m.connect();
+    let before: i64 = c.query_one("SELECT tso_next()", &[]).unwrap().get(0);
+    tsoracle_tests::cluster::wait_replayed(&old, &new).expect("replayed");
+    old.stop(StopMode::Fast).expect("stop the old primary");
+    promote(&new).expect("promote the standby");
+    let mut highest: i64 =
+        poll_until("the member serves from the new primary", Duration::from_secs(30), || {
+            c.query_one("SELECT tso_next()", &[]).ok().map(|r| r.get(0))
+        });
+    assert!(highest > before);
+    let epoch: i64 =
+        c.query_one("SELECT oracle_epoch FROM tso_member_status()", &[]).unwrap().get(0);
+    assert!(epoch >= 2, "the new primary's epoch: {epoch}");
+
+    // The old primary back, read-write, at its old epoch; the member's connection broken.
+    old.start().expect("start the old primary again, as a primary");
+    old.wait_serving().expect("the old primary serves its own clients");
+    let _: i64 = new
+        .connect()
+        .query_one(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE usename = $1",
+            &[&MEMBER_ROLE],
+        )
+        .unwrap()
+        .get(0);
+    let refused =
+        poll_until("the member refuses the deposed primary", Duration::from_secs(30), || {
+            match c.query_one("SELECT tso_next()", &[]) {
+                Ok(r) => {
+                    let v: i64 = r.get(0);
+                    assert!(
+                        v > highest,
+                        "a value {v} at or below {highest}: from the deposed primary?"
+                    );
+                    highest = v;
+                    None
+                }
+                Err(e) => Some(e),
+            }
+        });
+    assert_eq!(
+        refused.code(),
+        Some(&SqlState::CANNOT_CONNECT_NOW),
+        "{}",
+        pg_error_string(&refused)
+    );
+    assert!(pg_error_string(&refused).contains("deposed"), "{}", pg_error_string(&refused));
+
+    // Only the new primary left: served again, above everything before.
+    old.stop(StopMode::Fast).expect("stop the old primary for good");
+    let after: i64 = poll_until("the member serves again", Duration::from_secs(30), || {
+        c.query_one("SELECT tso_next()", &[]).ok().map(|r| r.get(0))
+    });
+    assert!(after > highest, "{after} <= {highest}");
+}
+
+/// TLS with `sslmode=verify-full`: the oracle admits the member's role over TLS only. A member
+/// that does not use TLS, or does not trust the oracle's certificate, is refused with libpq's
+/// reason; one that trusts it is served, in the oracle's order, over an encrypted connection.
+#[test]
+fn a_member_reaches_its_oracle_with_tls_verify_full() {
+    let mut oracle = serving_node("fleet-t-oracle", NodeOpts::new());
+    admit_members(&oracle);
+    let ca = TestCa::new("fleet-t-ca").expect("a test CA");
+    ca.serve_tls(&mut oracle, &[MEMBER_ROLE]).expect("TLS on the oracle");
+    let other = TestCa::new("fleet-t-other").expect("a CA the oracle's certificate is not from");
+    let base = oracle_conninfo(&[oracle.port()], MEMBER_ROLE);
+    let verify = |ca: &TestCa| {
+        format!("{base} sslmode=verify-full sslrootcert={}", ca.root_cert().display())
+    };
+
+    let plain = start_member("fleet-t-plain", &format!("{base} sslmode=disable"));
+    expect_refusal(&plain, "no encryption");
+    let untrusted = start_member("fleet-t-untrusted", &verify(&other));
+    expect_refusal(&untrusted, "certificate verify failed");
+    let m = member("fleet-t-m", &verify(&ca));
+    let mut c = m.connect();
+    let a: i64 = c.query_one("SELECT tso_next()", &[]).unwrap().get(0);
+    let mut o = oracle.connect();
+    let b: i64 = o.query_one("SELECT tso_next()", &[]).unwrap().get(0);
+    let a2: i64 = c.query_one("SELECT tso_next()", &[]).unwrap().get(0);
+    assert!(a < b && b < a2, "one order over TLS: {a} < {b} < {a2}");
+    let encrypted: Option<bool> = o
+        .query_one(
+            "SELECT bool_and(s.ssl) FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid) \
+                WHERE a.usename = $1",
+            &[&MEMBER_ROLE],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(encrypted, Some(true), "the member's connection to the oracle is TLS");
 }

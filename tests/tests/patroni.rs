@@ -34,6 +34,11 @@
 //! `fault_to_first_ts_ms` the time from the fault (the switchover command, the kill, the
 //! freeze) to the end of the first call the new leader answered with a timestamp.
 //!
+//! `a_member_follows_its_oracle_through_a_patroni_switchover`: a member of a fleet
+//! (docs/fleet.md) whose oracle is a two-member Patroni cluster, its `tsoracle.oracle` the
+//! multi-host connection string; under load on the member and on the oracle, a `patronictl
+//! switchover`: the member finds the new leader, and one history of both is in one order.
+//!
 //! `strict_mode_requires_a_synchronous_standby` tests `tsoracle.require_synchronous_standby`
 //! on a plain primary and standby (no Patroni): what Patroni's non-strict synchronous mode
 //! does when the standby goes (clear `synchronous_standby_names`) must stop tsoracle from
@@ -48,6 +53,7 @@ use std::time::{Duration, Instant};
 use postgres::error::SqlState;
 use postgres::{Client, NoTls};
 use tsoracle_tests::cluster::make_sync;
+use tsoracle_tests::load::{SeqLoad, SeqLoadOptions};
 use tsoracle_tests::patroni::{
     check_leases, connect_read_write, label_member, render_config, session_label, LeaseHolder,
     LeaseLog, MemberConfig, PatroniCluster, PatroniLoad, PatroniLoadOptions, PatroniOpts, Target,
@@ -56,10 +62,13 @@ use tsoracle_tests::patroni::{
 use tsoracle_tests::seqlease::alter_system;
 use tsoracle_tests::tso::{status, tso_next};
 use tsoracle_tests::{
-    pg_error_string, physical, poll_until, DenseHistory, History, Node, NodeOpts, StopMode,
+    ops, pg_error_string, physical, poll_until, serving_node, DenseHistory, History, Load,
+    LoadOptions, Node, NodeOpts, StopMode,
 };
 
 const KEYS: [&str; 3] = ["k0", "k1", "k2"];
+/// Keys taken through a member: its role's own (keys belong to the role that created them).
+const MEMBER_KEYS: [&str; 2] = ["m0", "m1"];
 /// TTL of the test's leases (the shortest `tsoracle.lease_ttl_min_ms` accepts by default).
 const LEASE_TTL_MS: i32 = 5000;
 /// Successful timestamp calls wanted on a leader before a fault and after a failover.
@@ -172,11 +181,16 @@ fn first_ts_end(rec: &Recorded, label: &str) -> Option<Instant> {
 
 /// `tso_seq_peek` of every key, on the leader.
 fn seq_totals(cluster: &PatroniCluster) -> BTreeMap<String, i64> {
+    seq_totals_of(cluster, &KEYS)
+}
+
+/// `tso_seq_peek` of `keys`, on the leader.
+fn seq_totals_of(cluster: &PatroniCluster, keys: &[&str]) -> BTreeMap<String, i64> {
     // Retried (bounded): one connect may take over its 2 s on a box this busy.
     let mut c = poll_until("a session on the leader", Duration::from_secs(30), || {
         connect_read_write(&cluster.hosts(), HOST_CONNECT_TIMEOUT, 30_000).ok()
     });
-    KEYS.iter()
+    keys.iter()
         .map(|k| {
             let v: Option<i64> = c
                 .query_one("SELECT tso_seq_peek($1)", &[k])
@@ -507,6 +521,90 @@ fn failovers_under_patroni() {
 /// Strict mode off again: served (asynchronously), so the refusals were strict mode's.
 ///
 /// Depends on the GUC `tsoracle.require_synchronous_standby` in the installed build.
+/// A member of a fleet whose oracle runs under Patroni follows a switchover by libpq's own
+/// mechanism (every Patroni member in its connection string, `target_session_attrs=read-write`):
+/// the member's calls and the oracle's own, in one history, are unique and in real-time order,
+/// and the blocks taken through the member and on the oracle tile.
+#[test]
+fn a_member_follows_its_oracle_through_a_patroni_switchover() {
+    let cluster =
+        PatroniCluster::start("hafleet", PatroniOpts { members: 2, ..Default::default() })
+            .unwrap_or_else(|e| panic!("start the Patroni cluster: {e}"));
+    let mut c = Client::connect(&cluster.conninfo(), NoTls)
+        .unwrap_or_else(|e| panic!("connect to the leader: {}", pg_error_string(&e)));
+    c.batch_execute("CREATE ROLE fleet_member LOGIN; GRANT tsoracle_member TO fleet_member")
+        .expect("the members' role");
+    drop(c);
+    let conninfo = cluster.conninfo().replace("user=postgres", "user=fleet_member");
+    let member = serving_node(
+        "hafleet-member",
+        NodeOpts::new()
+            .setting("tsoracle.oracle", &conninfo)
+            .setting("tsoracle.extension_timeout_ms", 3000),
+    );
+    let epoch = |m: &Node| -> Option<i64> {
+        m.connect()
+            .query_one("SELECT oracle_epoch FROM tso_member_status()", &[])
+            .expect("tso_member_status()")
+            .get(0)
+    };
+
+    let rec = Recorded { ts: History::new(), dense: DenseHistory::new(), leases: LeaseLog::new() };
+    let leader = cluster.wait_leader(&[], Duration::from_secs(60)).expect("a leader");
+    let sync =
+        cluster.wait_sync(leader, None, Duration::from_secs(60)).expect("a synchronous standby");
+    let began = Instant::now();
+    let run = Duration::from_secs(180);
+    let oracle_load =
+        PatroniLoad::start(Target::Leader(cluster.hosts()), load_opts(6), &rec.ts, &rec.dense);
+    let member_load = Load::start(
+        vec![member.endpoint()],
+        LoadOptions::new(6, run),
+        ops::mixed(50),
+        rec.ts.clone(),
+    );
+    let member_seq = SeqLoad::start(
+        member.endpoint(),
+        SeqLoadOptions::new(2, run, &MEMBER_KEYS),
+        rec.dense.clone(),
+    );
+    wait_served_by(&rec, &cluster.member(leader).name, began, 100, "before the switchover");
+    rec.ts.wait_progress_on(&[member.name()], began, 100, "the member before the switchover");
+    let epoch_before = epoch(&member);
+
+    let fault = Instant::now();
+    cluster.switchover(leader, sync).unwrap_or_else(|e| panic!("patronictl switchover: {e}"));
+    let new = cluster.wait_leader(&[leader], Duration::from_secs(60)).expect("a new leader");
+    wait_served_by(&rec, &cluster.member(new).name, fault, 100, "after the switchover");
+    // Calls that begin now can only be served by the new leader.
+    let after = Instant::now();
+    rec.ts.wait_progress_on(&[member.name()], after, 100, "the member after the switchover");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !rec
+        .dense
+        .calls()
+        .iter()
+        .any(|c| c.node == member.name() && c.start >= after && c.result.is_ok())
+    {
+        assert!(Instant::now() < deadline, "no block through the member after the switchover");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let epoch_after = epoch(&member);
+    assert!(
+        epoch_after > epoch_before,
+        "the new leader's epoch {epoch_after:?} > {epoch_before:?}"
+    );
+    oracle_load.stop_and_join();
+    member_load.stop_and_join();
+    member_seq.stop_and_join();
+
+    let tr = rec.ts.check().unwrap_or_else(|v| panic!("timestamps through a switchover: {v}"));
+    rec.dense
+        .check(Some(&seq_totals_of(&cluster, &[KEYS.as_slice(), &MEMBER_KEYS].concat())))
+        .unwrap_or_else(|v| panic!("blocks through a switchover: {v}"));
+    eprintln!("member through a switchover: {:?}", tr.per_node);
+}
+
 #[test]
 fn strict_mode_requires_a_synchronous_standby() {
     let mut primary = Node::start_new(

@@ -105,6 +105,30 @@ impl History {
         }
     }
 
+    /// Successful calls on `node` that started at or after `t`.
+    pub fn ok_calls_on_started_after(&self, node: &str, t: Instant) -> usize {
+        self.with_calls(|c| {
+            c.iter().filter(|c| c.is_ok() && c.node == node && c.start >= t).count()
+        })
+    }
+
+    /// Wait (bounded: 30 s, then panic) until each of `nodes` served at least `n` successful
+    /// calls that started at or after `since`: progress of the whole, not of its fastest part.
+    #[track_caller]
+    pub fn wait_progress_on(&self, nodes: &[&str], since: Instant, n: usize, what: &str) {
+        let deadline = Instant::now() + std::time::Duration::from_secs(30);
+        for node in nodes {
+            while self.ok_calls_on_started_after(node, since) < n {
+                assert!(
+                    Instant::now() < deadline,
+                    "{what}: {node} served fewer than {n} successful calls in 30 s ({} so far)",
+                    self.ok_calls_on_started_after(node, since)
+                );
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+        }
+    }
+
     /// Successful calls entirely inside `[from, to]`.
     pub fn ok_calls_within(&self, from: Instant, to: Instant) -> usize {
         self.with_calls(|c| {
