@@ -15,6 +15,9 @@ use tsoracle_tests::{
     NodeOpts,
 };
 
+/// The longest the callers may go without an answer, in any phase.
+const MAX_GAP: Duration = Duration::from_secs(2);
+
 /// One phase of the run: the offset of the server's clock from real time, for how long.
 struct Phase {
     name: &'static str,
@@ -70,8 +73,8 @@ fn clock_steps_never_send_timestamps_back_nor_stall() {
             // The worker samples its clocks every tick: wait until it has seen the step and
             // serves again. A forward step closes the serve-until gate (its wall-clock
             // deadline is passed) until the worker's next confirmed commit, which it makes
-            // at once; the phase's samples are taken from then on, and the throughput
-            // check below bounds what that one commit may cost.
+            // at once; the phase's samples are taken from then on, and the stall check
+            // below bounds what that one commit may cost.
             steps = poll_until(
                 &format!("{}: the worker sees the step and serves", phase.name),
                 Duration::from_secs(5),
@@ -101,23 +104,20 @@ fn clock_steps_never_send_timestamps_back_nor_stall() {
         .unwrap_or_else(|v| panic!("timestamps went back or repeated: {v}\nload: {stats:?}"));
     assert_eq!(stats.err_calls, 0, "a call failed across the steps: {stats:?}");
 
-    // Throughput: no phase below half of the steady one.
+    // No stall: in no phase do the callers go MAX_GAP without an answer (a worker that could
+    // not serve after a step would stop them within window_ahead_ms). Throughput is printed,
+    // not asserted: it measures the machine as much as the oracle.
     let rate =
         |s: &Seen| history.ok_calls_within(s.from, s.to) as f64 / (s.to - s.from).as_secs_f64();
-    let steady = rate(&seen[0]);
     for s in &seen {
+        let gap = history.longest_gap_within(s.from, s.to);
         eprintln!(
-            "clock steps: {}: {:.0} calls/s, {} clock samples",
+            "clock steps: {}: {:.0} calls/s, longest wait for an answer {gap:?}, {} clock samples",
             s.name,
             rate(s),
             s.samples.len()
         );
-        assert!(
-            rate(s) >= steady / 2.0,
-            "{}: {:.0} calls/s, under half of the steady {steady:.0}",
-            s.name,
-            rate(s)
-        );
+        assert!(gap <= MAX_GAP, "{}: no call answered for {gap:?}", s.name);
     }
 
     // The lead rule, at every sample: the last issued timestamp is at most max_lead_ms above

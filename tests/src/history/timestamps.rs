@@ -129,6 +129,22 @@ impl History {
         }
     }
 
+    /// The longest stretch of `[from, to]` in which no successful call ended: how long the
+    /// callers went without an answer.
+    pub fn longest_gap_within(&self, from: Instant, to: Instant) -> std::time::Duration {
+        let mut ends: Vec<Instant> = self.with_calls(|c| {
+            c.iter().filter(|c| c.is_ok() && c.end >= from && c.end < to).map(|c| c.end).collect()
+        });
+        ends.sort_unstable();
+        let mut last = from;
+        let mut gap = std::time::Duration::ZERO;
+        for t in ends.into_iter().chain(std::iter::once(to)) {
+            gap = gap.max(t.duration_since(last));
+            last = t;
+        }
+        gap
+    }
+
     /// Successful calls entirely inside `[from, to]`.
     pub fn ok_calls_within(&self, from: Instant, to: Instant) -> usize {
         self.with_calls(|c| {
