@@ -323,7 +323,7 @@ fn what_is_wrong_with_a_member_is_refused_with_a_clear_error() {
     expect_sqlstate(
         as_member.query_one("SELECT tso_seed(1)", &[]),
         &SqlState::INSUFFICIENT_PRIVILEGE,
-        "a member seeds the oracle",
+        "a member calls tso_seed() on the oracle",
     );
     let mut outsider = oracle.connect_as("not_a_member");
     expect_sqlstate(
