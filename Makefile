@@ -15,7 +15,7 @@ QUICK_OPS_SECONDS ?= 8
 # ... and on the oldest and the newest, also the crash, failover and backup suites and a
 # fleet (an oracle that fails over, members that restart).
 FULL_MAJORS ?= 15 18
-FULL_SUITES := $(QUICK_SUITES) replication backup patroni fleet
+FULL_SUITES := $(QUICK_SUITES) replication backup patroni fleet fleet_resolved
 # pg_upgrade from upstream 15 (scripts/postgresql-versions says why not Debian's) to 18.
 UPGRADE_FROM ?= 15-upstream
 UPGRADE_TO ?= 18
@@ -91,7 +91,7 @@ install: build-deps
 	scripts/install-ext.sh "$$(scripts/pg-install.sh $(PG_MAJOR))/pg_config"
 
 test-core:
-	cargo test -p tsoracle-core
+	cargo test -p tsoracle-core -p tsoracle-relay
 
 # Every test runs against a private copy of the PostgreSQL installation (scripts/test-pg.sh):
 # nothing a test builds is ever written where a user's server loads its library from.
@@ -162,6 +162,6 @@ fmt:
 ## major (src/compat.rs holds what differs between them). The extension needs pgrx (deps).
 lint: deps
 	cargo fmt --all -- --check
-	cargo clippy -p tsoracle-core -p tsoracle-tests --all-targets -- -D warnings
+	cargo clippy -p tsoracle-core -p tsoracle-tests -p tsoracle-relay --all-targets -- -D warnings
 	cargo clippy -p tsoracle --all-targets --no-default-features --features pg15 -- -D warnings
 	cargo clippy -p tsoracle --all-targets --no-default-features --features pg18,clock-fault -- -D warnings

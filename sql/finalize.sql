@@ -141,6 +141,16 @@ CREATE TRIGGER only_the_worker BEFORE INSERT OR UPDATE OR DELETE ON tsoracle.res
 ALTER TABLE tsoracle.resolved ENABLE ALWAYS TRIGGER only_the_worker;
 CREATE TRIGGER only_the_worker_truncate BEFORE TRUNCATE ON tsoracle.resolved
     FOR EACH STATEMENT EXECUTE FUNCTION tsoracle.only_the_worker();
+CREATE TRIGGER only_the_worker BEFORE INSERT OR UPDATE OR DELETE ON tsoracle.fleet_member
+    FOR EACH ROW EXECUTE FUNCTION tsoracle.only_the_worker();
+ALTER TABLE tsoracle.fleet_member ENABLE ALWAYS TRIGGER only_the_worker;
+CREATE TRIGGER only_the_worker_truncate BEFORE TRUNCATE ON tsoracle.fleet_member
+    FOR EACH STATEMENT EXECUTE FUNCTION tsoracle.only_the_worker();
+CREATE TRIGGER only_the_worker BEFORE INSERT OR UPDATE OR DELETE ON tsoracle.fleet_resolved
+    FOR EACH ROW EXECUTE FUNCTION tsoracle.only_the_worker();
+ALTER TABLE tsoracle.fleet_resolved ENABLE ALWAYS TRIGGER only_the_worker;
+CREATE TRIGGER only_the_worker_truncate BEFORE TRUNCATE ON tsoracle.fleet_resolved
+    FOR EACH STATEMENT EXECUTE FUNCTION tsoracle.only_the_worker();
 
 -- Nobody but the worker lowers or removes what the durable tables hold: a lowered or
 -- deleted high-water, counter or live lease would let the oracle issue again what it has
@@ -263,7 +273,8 @@ BEGIN
     END IF;
 END
 $$;
-REVOKE EXECUTE ON FUNCTION tsoracle.member_hello(bigint, text) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION tsoracle.member_hello(bigint, text, bigint) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION tsoracle.member_report(bigint, integer) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION tsoracle.member_next(integer) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION tsoracle.member_seq(text[], integer[]) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION tsoracle.member_seq_peek(text) FROM PUBLIC;
@@ -272,7 +283,8 @@ REVOKE EXECUTE ON FUNCTION tsoracle.member_lease_acquire(text, bigint, integer, 
 REVOKE EXECUTE ON FUNCTION tsoracle.member_lease_renew(bigint, boolean) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION tsoracle.member_lease_release(bigint) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION tsoracle.member_safe_frontier() FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION tsoracle.member_hello(bigint, text) TO tsoracle_member;
+GRANT EXECUTE ON FUNCTION tsoracle.member_hello(bigint, text, bigint) TO tsoracle_member;
+GRANT EXECUTE ON FUNCTION tsoracle.member_report(bigint, integer) TO tsoracle_member;
 GRANT EXECUTE ON FUNCTION tsoracle.member_next(integer) TO tsoracle_member;
 GRANT EXECUTE ON FUNCTION tsoracle.member_seq(text[], integer[]) TO tsoracle_member;
 GRANT EXECUTE ON FUNCTION tsoracle.member_seq_peek(text) TO tsoracle_member;
@@ -281,3 +293,6 @@ GRANT EXECUTE ON FUNCTION tsoracle.member_lease_acquire(text, bigint, integer, b
 GRANT EXECUTE ON FUNCTION tsoracle.member_lease_renew(bigint, boolean) TO tsoracle_member;
 GRANT EXECUTE ON FUNCTION tsoracle.member_lease_release(bigint) TO tsoracle_member;
 GRANT EXECUTE ON FUNCTION tsoracle.member_safe_frontier() TO tsoracle_member;
+
+-- Removing a member of the fleet gives up R_f's wait for it: superusers only.
+REVOKE EXECUTE ON FUNCTION tso_fleet_remove(bigint) FROM PUBLIC;

@@ -62,6 +62,27 @@ CREATE TABLE tsoracle.resolved (
 COMMENT ON TABLE tsoracle.resolved IS 'The resolved timestamp the tsoracle worker last published: every timestamp at or below ts was issued to a transaction that had ended.';
 INSERT INTO tsoracle.resolved (id, ts) VALUES (true, 0);
 
+-- A fleet's resolved timestamp R_f (docs/fleet.md), on its oracle: each member registered,
+-- with the highest resolved timestamp it reported, and R_f as the worker last published it
+-- (tso_fleet_resolved() on a hot standby reads it as far as the standby has replayed).
+-- Written by the worker only; not dumped (a restored oracle's members register again).
+CREATE TABLE tsoracle.fleet_member (
+    system_id     bigint PRIMARY KEY,
+    role          oid NOT NULL,
+    resolved      bigint NOT NULL CHECK (resolved >= 0),
+    held_by_pid   integer,
+    registered_at timestamptz NOT NULL,
+    reported_at   timestamptz
+);
+COMMENT ON TABLE tsoracle.fleet_member IS 'The members of the fleet this oracle serves: each holds the fleet-wide resolved timestamp at or below the highest resolved timestamp it reported, until it reports a higher one or a superuser removes it (tso_fleet_remove).';
+CREATE TABLE tsoracle.fleet_resolved (
+    id         boolean PRIMARY KEY DEFAULT true CHECK (id),
+    ts         bigint NOT NULL CHECK (ts >= 0),
+    updated_at timestamptz NOT NULL DEFAULT now()
+);
+COMMENT ON TABLE tsoracle.fleet_resolved IS 'The fleet-wide resolved timestamp the tsoracle worker last published: every timestamp at or below ts was obtained, on any cluster of the fleet, by a transaction that had ended.';
+INSERT INTO tsoracle.fleet_resolved (id, ts) VALUES (true, 0);
+
 REVOKE ALL ON SCHEMA tsoracle FROM PUBLIC;
 REVOKE ALL ON ALL TABLES IN SCHEMA tsoracle FROM PUBLIC;
 -- The high-water may be read by anyone (monitoring, tso_status() on a standby).
@@ -69,3 +90,5 @@ GRANT USAGE ON SCHEMA tsoracle TO PUBLIC;
 GRANT SELECT ON tsoracle.high_water TO PUBLIC;
 -- And the published resolved timestamp (tso_resolved() on a standby).
 GRANT SELECT ON tsoracle.resolved TO PUBLIC;
+-- And the fleet's (tso_fleet_resolved() and tso_fleet_status() on a standby).
+GRANT SELECT ON tsoracle.fleet_member, tsoracle.fleet_resolved TO PUBLIC;

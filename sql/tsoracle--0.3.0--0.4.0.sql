@@ -312,7 +312,8 @@ AS 'MODULE_PATHNAME', 'member_seq_drop_wrapper';
 
 CREATE  FUNCTION tsoracle."member_hello"(
 	"member_system_id" bigint, /* i64 */
-	"member_version" TEXT /* & str */
+	"member_version" TEXT, /* & str */
+	"member_resolved" bigint /* i64 */
 ) RETURNS TABLE (
 	"system_id" bigint,  /* i64 */
 	"version" TEXT,  /* String */
@@ -355,7 +356,7 @@ BEGIN
     END IF;
 END
 $$;
-REVOKE EXECUTE ON FUNCTION tsoracle.member_hello(bigint, text) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION tsoracle.member_hello(bigint, text, bigint) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION tsoracle.member_next(integer) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION tsoracle.member_seq(text[], integer[]) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION tsoracle.member_seq_peek(text) FROM PUBLIC;
@@ -364,7 +365,7 @@ REVOKE EXECUTE ON FUNCTION tsoracle.member_lease_acquire(text, bigint, integer, 
 REVOKE EXECUTE ON FUNCTION tsoracle.member_lease_renew(bigint, boolean) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION tsoracle.member_lease_release(bigint) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION tsoracle.member_safe_frontier() FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION tsoracle.member_hello(bigint, text) TO tsoracle_member;
+GRANT EXECUTE ON FUNCTION tsoracle.member_hello(bigint, text, bigint) TO tsoracle_member;
 GRANT EXECUTE ON FUNCTION tsoracle.member_next(integer) TO tsoracle_member;
 GRANT EXECUTE ON FUNCTION tsoracle.member_seq(text[], integer[]) TO tsoracle_member;
 GRANT EXECUTE ON FUNCTION tsoracle.member_seq_peek(text) TO tsoracle_member;
@@ -373,3 +374,72 @@ GRANT EXECUTE ON FUNCTION tsoracle.member_lease_acquire(text, bigint, integer, b
 GRANT EXECUTE ON FUNCTION tsoracle.member_lease_renew(bigint, boolean) TO tsoracle_member;
 GRANT EXECUTE ON FUNCTION tsoracle.member_lease_release(bigint) TO tsoracle_member;
 GRANT EXECUTE ON FUNCTION tsoracle.member_safe_frontier() TO tsoracle_member;
+
+-- The fleet's resolved timestamp (docs/fleet.md, "The fleet's resolved timestamp").
+CREATE TABLE tsoracle.fleet_member (
+    system_id     bigint PRIMARY KEY,
+    role          oid NOT NULL,
+    resolved      bigint NOT NULL CHECK (resolved >= 0),
+    held_by_pid   integer,
+    registered_at timestamptz NOT NULL,
+    reported_at   timestamptz
+);
+COMMENT ON TABLE tsoracle.fleet_member IS 'The members of the fleet this oracle serves: each holds the fleet-wide resolved timestamp at or below the highest resolved timestamp it reported, until it reports a higher one or a superuser removes it (tso_fleet_remove).';
+CREATE TABLE tsoracle.fleet_resolved (
+    id         boolean PRIMARY KEY DEFAULT true CHECK (id),
+    ts         bigint NOT NULL CHECK (ts >= 0),
+    updated_at timestamptz NOT NULL DEFAULT now()
+);
+COMMENT ON TABLE tsoracle.fleet_resolved IS 'The fleet-wide resolved timestamp the tsoracle worker last published: every timestamp at or below ts was obtained, on any cluster of the fleet, by a transaction that had ended.';
+INSERT INTO tsoracle.fleet_resolved (id, ts) VALUES (true, 0);
+REVOKE ALL ON tsoracle.fleet_member, tsoracle.fleet_resolved FROM PUBLIC;
+GRANT SELECT ON tsoracle.fleet_member, tsoracle.fleet_resolved TO PUBLIC;
+CREATE TRIGGER only_the_worker BEFORE INSERT OR UPDATE OR DELETE ON tsoracle.fleet_member
+    FOR EACH ROW EXECUTE FUNCTION tsoracle.only_the_worker();
+ALTER TABLE tsoracle.fleet_member ENABLE ALWAYS TRIGGER only_the_worker;
+CREATE TRIGGER only_the_worker_truncate BEFORE TRUNCATE ON tsoracle.fleet_member
+    FOR EACH STATEMENT EXECUTE FUNCTION tsoracle.only_the_worker();
+CREATE TRIGGER only_the_worker BEFORE INSERT OR UPDATE OR DELETE ON tsoracle.fleet_resolved
+    FOR EACH ROW EXECUTE FUNCTION tsoracle.only_the_worker();
+ALTER TABLE tsoracle.fleet_resolved ENABLE ALWAYS TRIGGER only_the_worker;
+CREATE TRIGGER only_the_worker_truncate BEFORE TRUNCATE ON tsoracle.fleet_resolved
+    FOR EACH STATEMENT EXECUTE FUNCTION tsoracle.only_the_worker();
+
+CREATE  FUNCTION "tso_fleet_resolved"() RETURNS bigint /* i64 */
+STRICT VOLATILE PARALLEL UNSAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'tso_fleet_resolved_wrapper';
+
+CREATE  FUNCTION "tso_fleet_status"() RETURNS TABLE (
+	"system_id" bigint,  /* i64 */
+	"role" TEXT,  /* String */
+	"resolved" bigint,  /* i64 */
+	"lag_ms" bigint,  /* Option < i64 > */
+	"held_by_pid" INT,  /* Option < i32 > */
+	"holds_fleet" bool,  /* bool */
+	"durable" bool,  /* bool */
+	"session_pid" INT,  /* Option < i32 > */
+	"registered_at" timestamp with time zone,  /* Option < TimestampWithTimeZone > */
+	"reported_at" timestamp with time zone  /* Option < TimestampWithTimeZone > */
+)
+STRICT VOLATILE PARALLEL SAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'tso_fleet_status_wrapper';
+
+CREATE  FUNCTION "tso_fleet_remove"(
+	"system_id" bigint /* i64 */
+) RETURNS bool /* bool */
+STRICT VOLATILE PARALLEL UNSAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'tso_fleet_remove_wrapper';
+
+CREATE  FUNCTION tsoracle."member_report"(
+	"resolved" bigint, /* i64 */
+	"held_by_pid" INT /* i32 */
+) RETURNS bigint /* i64 */
+STRICT VOLATILE PARALLEL UNSAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'member_report_wrapper';
+REVOKE EXECUTE ON FUNCTION tso_fleet_remove(bigint) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION tsoracle.member_report(bigint, integer) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION tsoracle.member_report(bigint, integer) TO tsoracle_member;

@@ -6,6 +6,7 @@ pub mod allocator;
 pub mod clock;
 pub mod error;
 pub mod fence;
+pub mod fleet;
 pub mod lease;
 pub mod locks;
 pub mod member;

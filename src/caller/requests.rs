@@ -17,7 +17,7 @@ use tsoracle_core::queue::{EntryState, Ticket};
 
 /// Like `wait_on`, but on this backend's own latch, which the worker sets when it has
 /// answered our requests (PostgreSQL's synchronous replication waits the same way).
-fn wait_on_latch<T>(
+pub(super) fn wait_on_latch<T>(
     mut poll: impl FnMut() -> Result<Option<T>, TsoError>,
 ) -> Result<Option<T>, TsoError> {
     let timeout_ms = guc::extension_timeout_ms();

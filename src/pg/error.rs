@@ -93,6 +93,18 @@ pub enum TsoError {
     #[error("{0} cannot run on a member of a fleet: its timestamps come from the oracle tsoracle.oracle names")]
     NotOnAMember(&'static str),
 
+    /// On the oracle: no room for another member of the fleet.
+    #[error("the oracle serves at most {0} members of a fleet")]
+    TooManyMembers(usize),
+
+    /// On the oracle: a member's session that has not registered (`tsoracle.member_hello()`).
+    #[error("{0} is called by a member of the fleet after tsoracle.member_hello() on the same connection")]
+    MemberNotRegistered(&'static str),
+
+    /// On the oracle: a member still connected cannot be removed.
+    #[error("member {system_id} is connected to the oracle (process {pid})")]
+    MemberConnected { system_id: i64, pid: i32 },
+
     #[error("tsoracle internal error: {0}")]
     Internal(String),
 }
@@ -130,6 +142,9 @@ impl TsoError {
             TsoError::OracleAnswerLost(_) => ERRCODE_T_R_STATEMENT_COMPLETION_UNKNOWN,
             TsoError::Oracle { sqlstate, .. } => PgSqlErrorCode::from(packed_sqlstate(sqlstate)),
             TsoError::NotOnAMember(_) => ERRCODE_FEATURE_NOT_SUPPORTED,
+            TsoError::TooManyMembers(_) => ERRCODE_CONFIGURATION_LIMIT_EXCEEDED,
+            TsoError::MemberNotRegistered(_) => ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+            TsoError::MemberConnected { .. } => ERRCODE_OBJECT_IN_USE,
             TsoError::Internal(_) => ERRCODE_INTERNAL_ERROR,
         }
     }
@@ -190,6 +205,17 @@ impl TsoError {
             ),
             TsoError::Oracle { hint, .. } => hint.clone(),
             TsoError::NotOnAMember(what) => Some(format!("Run {what} on the oracle.")),
+            TsoError::TooManyMembers(_) => Some(
+                "Remove members that are gone for good: SELECT tso_fleet_remove(system_id) FROM tso_fleet_status() WHERE ..."
+                    .into(),
+            ),
+            TsoError::MemberNotRegistered(_) => Some(
+                "A member's worker says hello first on every connection; these functions are not meant to be called by hand."
+                    .into(),
+            ),
+            TsoError::MemberConnected { pid, .. } => Some(format!(
+                "Remove only a member that is gone for good: stop it, or clear tsoracle.oracle on it and restart it, then retry (SELECT pg_terminate_backend({pid}) ends its current connection, but it connects again)."
+            )),
             _ => None,
         }
     }

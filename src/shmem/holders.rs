@@ -151,6 +151,23 @@ pub fn primary_resolved(signals: &Signals) -> Result<u64, TsoError> {
     Ok(signals.raise_resolved(r))
 }
 
+/// How many slots hold a value, and the lowest held value with its process.
+pub fn oldest_holder() -> (i32, Option<(u64, i32)>) {
+    let mut holders = 0;
+    let mut oldest: Option<(u64, i32)> = None;
+    for slot in HOLDERS.slots() {
+        let v = slot.min_ts();
+        if v == 0 {
+            continue;
+        }
+        holders += 1;
+        if oldest.is_none_or(|(o, ..)| v < o) {
+            oldest = Some((v, slot.pid()));
+        }
+    }
+    (holders, oldest)
+}
+
 /// The worker's own holding, while it grants or renews leases: it holds `R` below a timestamp
 /// it takes through its slot exactly as a caller's transaction does, so every `R` handed out
 /// before the grant is visible is below that timestamp, and the grant's lowest stamp (the

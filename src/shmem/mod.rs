@@ -8,13 +8,15 @@
 //! - `leases`: the bounds of the live leases, for the safe frontier and `R`;
 //! - `holders`: the resolved timestamp's holder slots, and `R` on a primary;
 //! - `member`: on a member of a fleet, what its worker (the proxy to the oracle) shares with
-//!   the callers.
+//!   the callers;
+//! - `fleet`: on the oracle of a fleet, its members' registrations and reports, and `R_f`.
 //!
 //! Everything here is reinitialised by the postmaster after a crash restart, so the oracle
 //! comes back not serving and the worker's fence must run before anything is issued.
 //!
 //! May use: `pg` (glue). Used by: `sql`, `caller` and `worker`; never the other way round.
 
+pub mod fleet;
 pub mod holders;
 pub mod leases;
 pub mod member;
@@ -30,6 +32,7 @@ pub use signals::{signals, Signals};
 /// Called from `_PG_init` when preloading.
 pub fn init() {
     // pg_shmem_init! expands to a #[pg_guard] hook calling into pg_sys.
+    use fleet::FLEET;
     use holders::{HoldersInit, HOLDERS};
     use member::MEMBER;
     use pgrx::{pg_guard, pg_sys};
@@ -41,6 +44,7 @@ pub fn init() {
     pgrx::pg_shmem_init!(SIGNALS = SignalsInit);
     pgrx::pg_shmem_init!(HOLDERS = HoldersInit);
     pgrx::pg_shmem_init!(MEMBER);
+    pgrx::pg_shmem_init!(FLEET);
     #[cfg(feature = "clock-fault")]
     crate::pg::clock::fault::init();
 }

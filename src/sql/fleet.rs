@@ -2,7 +2,7 @@
 //! calls (`tsoracle.member_hello`, `tsoracle.member_next`, executable by `tsoracle_member`
 //! only); on a member, `tso_member_status()`.
 
-use crate::caller::window;
+use crate::caller::{fleet, window};
 use crate::pg::error::{refuse_in_parallel_mode, TsoError};
 use crate::pg::guc;
 use crate::shmem::member::MEMBER;
@@ -19,7 +19,11 @@ fn refuse_on_a_member() -> Result<(), TsoError> {
     Ok(())
 }
 
-fn hello(member_system_id: i64, member_version: &str) -> Result<(i64, String, i64), TsoError> {
+fn hello(
+    member_system_id: i64,
+    member_version: &str,
+    member_resolved: i64,
+) -> Result<(i64, String, i64), TsoError> {
     refuse_in_parallel_mode("tsoracle.member_hello()")?;
     window::ensure_primary("serve a member")?;
     refuse_on_a_member()?;
@@ -35,6 +39,8 @@ fn hello(member_system_id: i64, member_version: &str) -> Result<(i64, String, i6
             crate::pg::EXTENSION_VERSION
         )));
     }
+    // Registered (or found again) before it is served anything: R_f waits for it from now on.
+    fleet::register(member_system_id as u64, member_resolved.max(0) as u64)?;
     let epoch = ORACLE.share().allocator.epoch().unwrap_or(0);
     Ok((own as i64, crate::pg::EXTENSION_VERSION.to_string(), epoch as i64))
 }
@@ -42,6 +48,7 @@ fn hello(member_system_id: i64, member_version: &str) -> Result<(i64, String, i6
 fn next(count: i32) -> Result<(i64, i64), TsoError> {
     refuse_in_parallel_mode("tsoracle.member_next()")?;
     refuse_on_a_member()?;
+    fleet::check_served()?;
     let first = window::next(i64::from(count))?;
     // The epoch of the window the values came from, or a later one (a fence in between): a
     // member refuses answers from epochs older than one it has seen.
@@ -182,14 +189,18 @@ mod tsoracle {
 
     /// A member's first call on a new connection: this oracle's system identifier, version and
     /// epoch, after checking that the member is another cluster of a compatible version and
-    /// that this server is an oracle (a primary, not itself a member).
+    /// that this server is an oracle (a primary, not itself a member); registers the member
+    /// (`member_resolved`: its own resolved timestamp, 0 if it has none yet).
     #[pg_extern(volatile, parallel_unsafe)]
     fn member_hello(
         member_system_id: i64,
         member_version: &str,
+        member_resolved: i64,
     ) -> TableIterator<'static, (name!(system_id, i64), name!(version, String), name!(epoch, i64))>
     {
-        TableIterator::once(super::hello(member_system_id, member_version).or_report())
+        TableIterator::once(
+            super::hello(member_system_id, member_version, member_resolved).or_report(),
+        )
     }
 
     /// `count` consecutive timestamps for a member's waiting calls, and the oracle's epoch.

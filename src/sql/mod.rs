@@ -9,11 +9,14 @@
 //! - `status`: `tso_status`, `tso_clock`;
 //! - `restore`: `tsoracle.note_restore`, for the triggers of the durable tables;
 //! - `fleet`: what an oracle serves its members (`tsoracle.member_hello`,
-//!   `tsoracle.member_next`) and `tso_member_status()` on a member.
+//!   `tsoracle.member_next`) and `tso_member_status()` on a member;
+//! - `fleet_resolved`: the fleet-wide resolved timestamp on the oracle (`tso_fleet_resolved`,
+//!   `tso_fleet_status`, `tso_fleet_remove`, `tsoracle.member_report`).
 //!
 //! May use: `caller`, `shmem` and `pg`. Nothing uses it.
 
 mod fleet;
+mod fleet_resolved;
 mod leases;
 mod resolved;
 mod restore;

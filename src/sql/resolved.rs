@@ -10,7 +10,7 @@
 use crate::caller::holding::held_by_me;
 use crate::caller::resolved::current;
 use crate::pg::error::{OrReport, TsoError};
-use crate::shmem::{self, holders::HOLDERS};
+use crate::shmem;
 use pgrx::prelude::*;
 use std::time::Instant;
 use tsoracle_core::timestamp;
@@ -91,18 +91,7 @@ fn tso_resolved_status() -> TableIterator<
         }
         _ => None,
     };
-    let mut holders = 0;
-    let mut oldest: Option<(u64, i32)> = None;
-    for slot in HOLDERS.slots() {
-        let v = slot.min_ts();
-        if v == 0 {
-            continue;
-        }
-        holders += 1;
-        if oldest.is_none_or(|(o, ..)| v < o) {
-            oldest = Some((v, slot.pid()));
-        }
-    }
+    let (holders, oldest) = crate::shmem::holders::oldest_holder();
     // When it took it: the millisecond of its value (derived, so no clock read per transaction).
     let since = oldest.map(|(v, _)| timestamp::physical_ms(v)).and_then(|ms| {
         TimestampWithTimeZone::try_from((ms as i64) * 1000 - 946_684_800_000_000).ok()

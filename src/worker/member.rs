@@ -42,7 +42,8 @@ const MAX_IN_FLIGHT: usize = 4;
 /// How long calls refused for now (`57P03`, `25006`) wait before they are sent again.
 const RETRY_PAUSE: Duration = Duration::from_millis(20);
 
-const HELLO: &CStr = c"SELECT system_id, version, epoch FROM tsoracle.member_hello($1::pg_catalog.int8, $2::pg_catalog.text)";
+const HELLO: &CStr = c"SELECT system_id, version, epoch FROM tsoracle.member_hello($1::pg_catalog.int8, $2::pg_catalog.text, $3::pg_catalog.int8)";
+const REPORT: &CStr = c"SELECT tsoracle.member_report($1::pg_catalog.int8, $2::pg_catalog.int4)";
 const NEXT: &CStr = c"SELECT first, epoch FROM tsoracle.member_next($1::pg_catalog.int4)";
 
 /// What one round trip carries.
@@ -50,6 +51,8 @@ pub(super) enum Flight {
     Hello,
     /// Values for the resolved timestamp of an idle member (`member_floor`), handed to no one.
     Heartbeat,
+    /// This member's resolved timestamp, for the fleet's (`tsoracle.member_report`).
+    Report,
     /// Coalesced `tso_next()`-like calls: each with its count, in the order of the values.
     Next {
         calls: Vec<(Ticket, u32)>,
@@ -99,6 +102,7 @@ pub(super) struct Proxy {
     waiting: Vec<Waiting>,
     backoff_ms: u64,
     last_next: Instant,
+    last_report: Instant,
     worker: Worker,
     warned: Option<Instant>,
     /// After a refusal to retry, nothing is sent again before this instant.
@@ -141,6 +145,7 @@ pub(super) fn run(signals: &'static Signals, conninfo: String, shown: String) {
         waiting: Vec::new(),
         backoff_ms: 100,
         last_next: Instant::now(),
+        last_report: Instant::now(),
         worker: Worker {
             signals,
             leases: LeaseTable::new(),
@@ -256,7 +261,17 @@ impl Proxy {
     fn begin(&mut self, mut conn: Conn) -> Result<(), LibpqError> {
         conn.enter_pipeline()?;
         let system_id = crate::pg::system_identifier() as i64;
-        conn.send(HELLO, &[system_id.to_string(), crate::pg::EXTENSION_VERSION.to_string()])?;
+        // This member's own R (0 before its first value since it started): the oracle
+        // registers it at or below that.
+        let resolved = crate::shmem::holders::primary_resolved(self.signals).unwrap_or(0);
+        conn.send(
+            HELLO,
+            &[
+                system_id.to_string(),
+                crate::pg::EXTENSION_VERSION.to_string(),
+                resolved.to_string(),
+            ],
+        )?;
         MEMBER.exclusive().oracle_pid = conn.backend_pid();
         self.sent.push_back(Sent { flight: Flight::Hello, at: Instant::now(), result: None });
         let flushed = conn.flush()?;
@@ -396,6 +411,21 @@ impl Proxy {
             });
             self.last_next = Instant::now();
         }
+        // This member's R for the fleet's R_f, every tsoracle.resolved_interval_ms.
+        if self.sent.len() < MAX_IN_FLIGHT
+            && self.last_report.elapsed().as_millis() as u64 >= guc::resolved_interval_ms()
+        {
+            if let Ok(r) = crate::shmem::holders::primary_resolved(self.signals) {
+                let held_by = crate::shmem::holders::oldest_holder().1.map_or(0, |(_, pid)| pid);
+                conn.send(REPORT, &[r.to_string(), held_by.to_string()])?;
+                self.sent.push_back(Sent {
+                    flight: Flight::Report,
+                    at: Instant::now(),
+                    result: None,
+                });
+            }
+            self.last_report = Instant::now();
+        }
         Ok(())
     }
 
@@ -428,6 +458,22 @@ impl Proxy {
                 }
                 Ok(())
             }
+            Flight::Report => match rows {
+                Ok(rows) => {
+                    let epoch = rows
+                        .first()
+                        .and_then(|r| r.first().cloned().flatten())
+                        .and_then(|e| e.parse::<u64>().ok())
+                        .ok_or("the oracle's answer to a report has no epoch")?;
+                    self.check_epoch(epoch)
+                }
+                // Removed from the fleet, or the oracle not ready for it: the hello on a new
+                // connection registers it again.
+                Err(e) => Err(format!(
+                    "the oracle refused this member's report: {} ({})",
+                    e.message, e.sqlstate
+                )),
+            },
             Flight::Next { calls, total } => match rows {
                 Ok(rows) => {
                     let (first, epoch) = first_and_epoch(&rows)?;
@@ -739,7 +785,7 @@ impl Proxy {
                         lost.push((ticket, vec![Reply::err(ReplyCode::Lost); requests.len()]));
                     }
                 }
-                Flight::Hello | Flight::Heartbeat => {}
+                Flight::Hello | Flight::Heartbeat | Flight::Report => {}
             }
         }
         answer(&lost);

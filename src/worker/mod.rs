@@ -20,6 +20,7 @@
 mod checks;
 mod extension;
 mod fence;
+mod fleet;
 mod high_water;
 mod leases;
 mod main;

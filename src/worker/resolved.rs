@@ -1,9 +1,10 @@
-//! Publishing the resolved timestamp to hot standbys and to logical decoding.
+//! Publishing the resolved timestamp to hot standbys and to logical decoding (and, on the
+//! oracle of a fleet, the fleet's `R_f` with it: `super::fleet`).
 
 use super::state::Worker;
 use crate::pg::clock;
 use crate::pg::guc;
-use crate::pg::xact::transaction;
+use crate::pg::xact::{subtransaction, transaction};
 use pgrx::prelude::*;
 
 impl Worker {
@@ -15,32 +16,62 @@ impl Worker {
     /// the change stream.
     pub(super) fn publish_resolved(&mut self) {
         let now = clock::mono_ms();
-        if now.saturating_sub(self.resolved_published_mono_ms) < guc::resolved_interval_ms() {
+        // On the oracle of a fleet, a member's registration or removal waits for this: at once.
+        let oracle = !guc::is_member();
+        if now.saturating_sub(self.resolved_published_mono_ms) < guc::resolved_interval_ms()
+            && !(oracle && super::fleet::urgent())
+        {
             return;
         }
         self.resolved_published_mono_ms = now;
         let Ok(r) = crate::shmem::holders::primary_resolved(self.signals) else {
             return;
         };
-        if r <= self.signals.published_resolved().0 {
+        let local = r > self.signals.published_resolved().0;
+        // The fleet's R_f, from this R and the members' entries, in the same transaction.
+        let fleet = oracle && super::fleet::due(r);
+        if !local && !fleet {
             return;
         }
-        let written = transaction(|| {
-            Spi::run_with_args(
-                "UPDATE tsoracle.resolved SET ts = GREATEST(ts, $1), updated_at = pg_catalog.now() WHERE id",
-                &[(r as i64).into()],
-            )?;
-            Spi::run_with_args(
-                "SELECT CASE WHEN pg_catalog.current_setting('wal_level') OPERATOR(pg_catalog.=) 'logical' \
-                     THEN pg_catalog.pg_logical_emit_message(true, 'tsoracle.resolved', $1::pg_catalog.text) END",
-                &[(r as i64).into()],
-            )
+        let written = transaction(|| -> Result<Option<super::fleet::Written>, pgrx::spi::Error> {
+            if local {
+                Spi::run_with_args(
+                    "UPDATE tsoracle.resolved SET ts = GREATEST(ts, $1), updated_at = pg_catalog.now() WHERE id",
+                    &[(r as i64).into()],
+                )?;
+                Spi::run_with_args(
+                    "SELECT CASE WHEN pg_catalog.current_setting('wal_level') OPERATOR(pg_catalog.=) 'logical' \
+                         THEN pg_catalog.pg_logical_emit_message(true, 'tsoracle.resolved', $1::pg_catalog.text) END",
+                    &[(r as i64).into()],
+                )?;
+            }
+            // In a subtransaction: a fleet table locked or broken holds up R_f, not R.
+            Ok(if fleet {
+                match subtransaction(|| super::fleet::write(r)) {
+                    Ok(Ok(w)) => Some(w),
+                    Ok(Err(e)) => {
+                        warn_fleet(&e.to_string());
+                        None
+                    }
+                    Err(e) => {
+                        warn_fleet(&e.to_string());
+                        None
+                    }
+                }
+            } else {
+                None
+            })
         });
         // Not published now (tsoracle.resolved locked past the worker's lock_timeout): the next
         // interval tries again; R on the primary goes on, standbys' R waits.
         let failure = match written {
-            Ok(Ok(())) => {
-                self.signals.set_published_resolved(r, clock::now_ms());
+            Ok(Ok(fleet)) => {
+                if local {
+                    self.signals.set_published_resolved(r, clock::now_ms());
+                }
+                if let Some(w) = fleet {
+                    super::fleet::committed(w, clock::now_ms());
+                }
                 return;
             }
             Ok(Err(e)) => e.to_string(),
@@ -52,5 +83,15 @@ impl Worker {
             WARNED_MONO_MS.set(now);
             pgrx::warning!("tsoracle could not publish the resolved timestamp {r}: {failure}; retrying every tsoracle.resolved_interval_ms");
         }
+    }
+}
+
+/// Once a minute at most: the fleet's part is tried again every interval.
+fn warn_fleet(failure: &str) {
+    thread_local! { static WARNED_MONO_MS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) }; }
+    let now = clock::mono_ms();
+    if WARNED_MONO_MS.get() == 0 || now.saturating_sub(WARNED_MONO_MS.get()) >= 60_000 {
+        WARNED_MONO_MS.set(now.max(1));
+        pgrx::warning!("tsoracle could not publish the fleet's resolved timestamp: {failure}; retrying every tsoracle.resolved_interval_ms");
     }
 }

@@ -19,6 +19,7 @@
 //! * [`tso`]: helpers for the extension's SQL surface (`tso_status()`, `wait_serving`, the
 //!   timestamp layout, SQLSTATE assertions).
 //! * [`pooler`]: PgBouncer in front of a node, with the configuration the repository ships.
+//! * [`fleet`]: a fleet's oracle, its members' role and connection strings, the relay binary.
 //! * [`tls`]: a throw-away certificate authority, and a node that requires TLS of some roles.
 //! * [`exporter`]: postgres_exporter with the queries the repository ships, its scrapes
 //!   parsed; `promtool` for the alert rules.
@@ -29,6 +30,7 @@ pub mod backup;
 pub mod cluster;
 pub mod error;
 pub mod exporter;
+pub mod fleet;
 pub mod history;
 pub mod load;
 pub mod node;

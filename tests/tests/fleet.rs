@@ -29,6 +29,7 @@ use postgres::error::SqlState;
 use postgres::Client;
 use tsoracle_tests::cluster::{make_sync, promote};
 use tsoracle_tests::exporter::Exporter;
+use tsoracle_tests::fleet::{admit_members, member, member_opts, oracle_conninfo, MEMBER_ROLE};
 use tsoracle_tests::load::{SeqLoad, SeqLoadOptions};
 use tsoracle_tests::seqlease::alter_system;
 use tsoracle_tests::tls::TestCa;
@@ -37,39 +38,9 @@ use tsoracle_tests::{
     History, Load, LoadOptions, Node, NodeOpts, StopMode,
 };
 
-const MEMBER_ROLE: &str = "fleet_member";
 const KEYS: [&str; 3] = ["invoice", "order", "ticket"];
 /// The clusters of the fleet, as the history names them.
 const NODES: [&str; 3] = ["oracle", "fleet-m1", "fleet-m2"];
-
-/// The oracle's side: a login role for the members, with `tsoracle_member`.
-fn admit_members(oracle: &Node) {
-    let mut c = oracle.connect();
-    c.batch_execute(&format!(
-        "CREATE ROLE {MEMBER_ROLE} LOGIN; GRANT tsoracle_member TO {MEMBER_ROLE};"
-    ))
-    .expect("member role");
-}
-
-/// A member's connection string to the oracle at `ports` (several: the first read-write).
-fn oracle_conninfo(ports: &[u16], user: &str) -> String {
-    let hosts = vec!["127.0.0.1"; ports.len()].join(",");
-    let ports = ports.iter().map(|p| p.to_string()).collect::<Vec<_>>().join(",");
-    format!(
-        "host={hosts} port={ports} user={user} dbname=postgres target_session_attrs=read-write connect_timeout=2"
-    )
-}
-
-fn member_opts(conninfo: &str) -> NodeOpts {
-    NodeOpts::new()
-        .setting("tsoracle.oracle", conninfo)
-        .setting("tsoracle.extension_timeout_ms", 3000)
-}
-
-/// A started member, extension created, serving (connected to its oracle).
-fn member(name: &str, conninfo: &str) -> Node {
-    serving_node(name, member_opts(conninfo))
-}
 
 fn member_status(c: &mut Client) -> (bool, i64, i64, Option<String>) {
     let r = c
@@ -315,6 +286,21 @@ fn what_is_wrong_with_a_member_is_refused_with_a_clear_error() {
     // On the oracle, the member's role may call the member functions and nothing that lowers
     // or resets the oracle; no one else may call them.
     let mut as_member = oracle.connect_as(MEMBER_ROLE);
+    // Timestamps only for a session that registered its member (the hello), once durable.
+    expect_sqlstate(
+        as_member.query("SELECT * FROM tsoracle.member_next(10)", &[]),
+        &SqlState::OBJECT_NOT_IN_PREREQUISITE_STATE,
+        "member_next before the hello",
+    );
+    as_member
+        .query(
+            "SELECT * FROM tsoracle.member_hello(4242, (SELECT extversion FROM pg_extension WHERE extname = 'tsoracle'), 0)",
+            &[],
+        )
+        .expect("hello as a made-up member");
+    poll_until("the made-up member is served", Duration::from_secs(10), || {
+        as_member.query("SELECT * FROM tsoracle.member_next(1)", &[]).ok()
+    });
     expect_sqlstate(
         as_member.query("SELECT * FROM tsoracle.member_next(1000000)", &[]),
         &SqlState::INVALID_PARAMETER_VALUE,

@@ -1,0 +1,146 @@
+//! The fleet-wide resolved timestamp `R_f` (docs/fleet.md): the arithmetic it rests on.
+//!
+//! Each member of a fleet has its own resolved timestamp `R_m` over its own transactions
+//! (every value at or below it was obtained by a transaction that ended there, and the member
+//! will never obtain one again); the oracle has its own `R_o`. Each is a *fact* once computed:
+//! it stays true forever. So
+//!
+//! - a member's entry on the oracle keeps the highest `R_m` it reported ([`MemberEntry::report`]);
+//!   any `R_m` it ever reported is true, so the highest is;
+//! - `R_f = min(R_o, every registered member's entry)` ([`fleet_resolved`]) is true for every
+//!   cluster at once, as long as every member that may obtain values is registered before it
+//!   obtains its first one;
+//! - a new member's first entry is `min(what it reports, next − 1)` ([`first_entry`]), with
+//!   `next` the oracle's next value when the registration is made: a member not yet registered
+//!   has obtained nothing from this oracle, so nothing it will obtain is at or below `next − 1`;
+//! - what is published is the maximum of every `R_f` computed and of the one persisted
+//!   before ([`publish`]): earlier values stay true, so `R_f` never goes down, across a failover
+//!   of the oracle too (the new primary starts from the persisted one).
+//!
+//! A member that stops reporting keeps its entry: it holds `R_f` until it is removed. Nothing
+//! here skips it on a timeout.
+
+/// A member's entry on the oracle: the highest resolved timestamp it reported.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MemberEntry {
+    resolved: u64,
+}
+
+impl MemberEntry {
+    /// An entry as persisted (or as [`first_entry`] made it).
+    pub fn new(resolved: u64) -> Self {
+        MemberEntry { resolved }
+    }
+
+    pub fn resolved(&self) -> u64 {
+        self.resolved
+    }
+
+    /// A report of the member's `R`: kept if higher; `true` when the entry moved.
+    pub fn report(&mut self, resolved: u64) -> bool {
+        if resolved > self.resolved {
+            self.resolved = resolved;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+/// The entry of a member registered for the first time, while the oracle's next value is
+/// `oracle_next` (0 when the oracle has not served yet): it has obtained nothing from this
+/// oracle, so every value it will get is at or above `oracle_next`. `reported` is the member's
+/// own `R` (0 when it has none yet), a fact too: the lower of the two is kept.
+pub fn first_entry(reported: u64, oracle_next: u64) -> MemberEntry {
+    let below_next = oracle_next.saturating_sub(1);
+    let r = if reported == 0 { below_next } else { reported.min(below_next) };
+    MemberEntry::new(r)
+}
+
+/// `R_f`: the oracle's own `R` and every member's entry, the lowest of them.
+pub fn fleet_resolved(oracle_resolved: u64, members: impl IntoIterator<Item = MemberEntry>) -> u64 {
+    members.into_iter().map(|m| m.resolved).fold(oracle_resolved, u64::min)
+}
+
+/// What to publish: never below what was published (or persisted) before.
+pub fn publish(published: u64, computed: u64) -> u64 {
+    published.max(computed)
+}
+
+/// The member holding `R_f` back: the index of the lowest entry, if it is below the oracle's
+/// own `R` (otherwise the oracle's own transactions or leases hold it).
+pub fn holding(oracle_resolved: u64, members: &[MemberEntry]) -> Option<usize> {
+    members
+        .iter()
+        .enumerate()
+        .filter(|(_, m)| m.resolved < oracle_resolved)
+        .min_by_key(|(_, m)| m.resolved)
+        .map(|(i, _)| i)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn the_lowest_of_the_oracle_and_its_members() {
+        assert_eq!(fleet_resolved(100, []), 100, "no member: the oracle's own R");
+        let m = [MemberEntry::new(70), MemberEntry::new(40)];
+        assert_eq!(fleet_resolved(100, m), 40);
+        assert_eq!(holding(100, &m), Some(1));
+        assert_eq!(fleet_resolved(30, m), 30, "the oracle's own transactions hold it");
+        assert_eq!(holding(30, &m), None);
+    }
+
+    #[test]
+    fn a_new_member_starts_below_the_oracles_next_value() {
+        assert_eq!(first_entry(0, 500).resolved(), 499, "nothing reported yet");
+        assert_eq!(first_entry(300, 500).resolved(), 300, "its own R, lower");
+        assert_eq!(first_entry(900, 500).resolved(), 499, "an R from elsewhere is capped");
+        assert_eq!(first_entry(0, 0).resolved(), 0, "an oracle that served nothing");
+    }
+
+    #[test]
+    fn a_report_only_raises() {
+        let mut m = MemberEntry::new(50);
+        assert!(!m.report(40), "an older report");
+        assert_eq!(m.resolved(), 50);
+        assert!(m.report(60));
+        assert_eq!(m.resolved(), 60);
+    }
+
+    proptest! {
+        /// A model: members obtain values from one counter and hold them in open
+        /// transactions; each reports its true R now and then, possibly late. Every R_f
+        /// published is below every value still held anywhere, and never decreases.
+        #[test]
+        fn published_r_f_is_below_everything_still_held(
+            steps in proptest::collection::vec((0usize..3, 0u8..4), 1..300),
+        ) {
+            let mut next: u64 = 1;
+            // held[m]: values members hold in open transactions (index 2 is the oracle).
+            let mut held: Vec<Vec<u64>> = vec![Vec::new(); 3];
+            // Each member's own R: everything below its lowest held value and below what it
+            // may still obtain (the counter's next when it computes it).
+            let own_r = |held: &Vec<u64>, next: u64| held.iter().copied().min().unwrap_or(next).min(next) - 1;
+            let mut entries = [first_entry(0, next), first_entry(0, next)];
+            let mut published = 0u64;
+            for (who, what) in steps {
+                match what {
+                    0 => { held[who].push(next); next += 1; }
+                    1 => { if !held[who].is_empty() { held[who].remove(0); } }
+                    2 => if who < 2 { entries[who].report(own_r(&held[who], next)); },
+                    _ => {
+                        let before = published;
+                        published = publish(published, fleet_resolved(own_r(&held[2], next), entries));
+                        prop_assert!(published >= before);
+                        for h in held.iter().flatten() {
+                            prop_assert!(*h > published, "R_f {} passed a held value {}", published, h);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,180 @@
+//! On the oracle of a fleet (docs/fleet.md): the members' registrations and reports made
+//! durable in `tsoracle.fleet_member`, and the fleet-wide resolved timestamp `R_f` published
+//! in `tsoracle.fleet_resolved` and the change stream — in the transaction that publishes the
+//! oracle's own `R` (`super::resolved`).
+//!
+//! `R_f` is handed out (`tso_fleet_resolved()`) only once the transaction that wrote it has
+//! committed: a new primary starts from the persisted one and from the persisted entries, so
+//! `R_f` never goes down across a failover. A member is served no timestamp before its
+//! registration committed (`caller::fleet::check_served`).
+
+use crate::shmem::fleet::{FleetState, MemberSlot, FLEET, MAX_MEMBERS};
+use pgrx::prelude::*;
+use tsoracle_core::fleet::{fleet_resolved, publish};
+
+/// What a publication wrote, to apply to shared memory once it has committed.
+pub(super) struct Written {
+    /// The rows read from the table, when this was the first publication since the start.
+    loaded: Option<(Vec<MemberSlot>, u64)>,
+    /// The slots written (as they were then).
+    members: Vec<MemberSlot>,
+    /// `R_f` as written.
+    resolved: u64,
+}
+
+/// Anything to write: the table not read yet, a registration or a removal to make durable,
+/// an entry that moved, or a higher `R_f` (with `own`, the oracle's own `R`).
+pub(super) fn due(own: u64) -> bool {
+    let f = FLEET.share();
+    !f.loaded
+        || f.used().any(|m| !m.persisted || m.removing || m.resolved != m.persisted_resolved)
+        || computed(&f, own) > f.published
+}
+
+/// Registrations and removals wait for a publication: it runs at once for them.
+pub(super) fn urgent() -> bool {
+    let f = FLEET.share();
+    !f.loaded || f.used().any(|m| !m.persisted || m.removing)
+}
+
+fn computed(f: &FleetState, own: u64) -> u64 {
+    publish(f.published, fleet_resolved(own, f.used().filter(|m| !m.removing).map(|m| m.entry())))
+}
+
+/// Read what a previous primary made durable (the first time since this server started).
+fn load() -> Result<(Vec<MemberSlot>, u64), pgrx::spi::Error> {
+    Spi::connect(|client| {
+        let rows = client.select(
+            "SELECT system_id, role::pg_catalog.int8, resolved, COALESCE(held_by_pid, 0), \
+                    (pg_catalog.date_part('epoch', registered_at) OPERATOR(pg_catalog.*) 1000)::pg_catalog.int8, \
+                    COALESCE((pg_catalog.date_part('epoch', reported_at) OPERATOR(pg_catalog.*) 1000)::pg_catalog.int8, 0) \
+             FROM tsoracle.fleet_member ORDER BY system_id LIMIT $1",
+            None,
+            &[(MAX_MEMBERS as i64).into()],
+        )?;
+        let mut members = Vec::new();
+        for row in rows {
+            let resolved = row.get::<i64>(3)?.unwrap_or(0).max(0) as u64;
+            members.push(MemberSlot {
+                used: true,
+                system_id: row.get::<i64>(1)?.unwrap_or(0) as u64,
+                role: row.get::<i64>(2)?.unwrap_or(0) as u32,
+                resolved,
+                held_by_pid: row.get::<i32>(4)?.unwrap_or(0),
+                registered_ms: row.get::<i64>(5)?.unwrap_or(0).max(0) as u64,
+                reported_ms: row.get::<i64>(6)?.unwrap_or(0).max(0) as u64,
+                session_pid: 0,
+                persisted: true,
+                persisted_resolved: resolved,
+                removing: false,
+            });
+        }
+        let published = client
+            .select("SELECT ts FROM tsoracle.fleet_resolved WHERE id", None, &[])?
+            .first()
+            .get_one::<i64>()?
+            .unwrap_or(0)
+            .max(0) as u64;
+        Ok((members, published))
+    })
+}
+
+/// Inside the publishing transaction: read the table if not yet, write what moved and `R_f`
+/// (`own`: the oracle's own `R`, computed before the transaction began).
+pub(super) fn write(own: u64) -> Result<Written, pgrx::spi::Error> {
+    let mut f = *FLEET.share();
+    let loaded = if f.loaded { None } else { Some(load()?) };
+    if let Some((rows, published)) = &loaded {
+        f.published = f.published.max(*published);
+        for row in rows {
+            match f.find(row.system_id) {
+                Some(i) => f.members[i].resolved = f.members[i].resolved.max(row.resolved),
+                None => {
+                    if let Some(i) = f.free() {
+                        f.members[i] = *row;
+                    }
+                }
+            }
+        }
+    }
+    let members: Vec<MemberSlot> = f
+        .used()
+        .filter(|m| !m.persisted || m.removing || m.resolved != m.persisted_resolved)
+        .copied()
+        .collect();
+    for m in &members {
+        if m.removing {
+            Spi::run_with_args(
+                "DELETE FROM tsoracle.fleet_member WHERE system_id OPERATOR(pg_catalog.=) $1",
+                &[(m.system_id as i64).into()],
+            )?;
+        } else {
+            Spi::run_with_args(
+                "INSERT INTO tsoracle.fleet_member AS f (system_id, role, resolved, held_by_pid, registered_at, reported_at) \
+                 VALUES ($1, $2::pg_catalog.int8::pg_catalog.oid, $3, NULLIF($4, 0), \
+                         pg_catalog.to_timestamp($5 OPERATOR(pg_catalog./) 1000.0), \
+                         pg_catalog.to_timestamp(NULLIF($6, 0) OPERATOR(pg_catalog./) 1000.0)) \
+                 ON CONFLICT (system_id) DO UPDATE \
+                 SET resolved = GREATEST(f.resolved, EXCLUDED.resolved), \
+                     held_by_pid = EXCLUDED.held_by_pid, \
+                     reported_at = EXCLUDED.reported_at",
+                &[
+                    (m.system_id as i64).into(),
+                    i64::from(m.role).into(),
+                    (m.resolved as i64).into(),
+                    m.held_by_pid.into(),
+                    (m.registered_ms as i64).into(),
+                    (m.reported_ms as i64).into(),
+                ],
+            )?;
+        }
+    }
+    let resolved = computed(&f, own);
+    if resolved > f.published {
+        Spi::run_with_args(
+            "UPDATE tsoracle.fleet_resolved SET ts = GREATEST(ts, $1), updated_at = pg_catalog.now() WHERE id",
+            &[(resolved as i64).into()],
+        )?;
+        Spi::run_with_args(
+            "SELECT CASE WHEN pg_catalog.current_setting('wal_level') OPERATOR(pg_catalog.=) 'logical' \
+                 THEN pg_catalog.pg_logical_emit_message(true, 'tsoracle.fleet_resolved', $1::pg_catalog.text) END",
+            &[(resolved as i64).into()],
+        )?;
+    }
+    Ok(Written { loaded, members, resolved })
+}
+
+/// After the commit: what was written is durable; `R_f` may be handed out.
+pub(super) fn committed(w: Written, now_ms: u64) {
+    let mut f = FLEET.exclusive();
+    if let Some((rows, published)) = w.loaded {
+        f.published = f.published.max(published);
+        for row in rows {
+            match f.find(row.system_id) {
+                Some(i) => f.members[i].resolved = f.members[i].resolved.max(row.resolved),
+                None => {
+                    if let Some(i) = f.free() {
+                        f.members[i] = row;
+                    }
+                }
+            }
+        }
+        f.loaded = true;
+    }
+    for m in w.members {
+        let Some(i) = f.find(m.system_id) else { continue };
+        let slot = &mut f.members[i];
+        if m.removing {
+            if slot.removing {
+                *slot = MemberSlot::default();
+            }
+        } else {
+            slot.persisted = true;
+            slot.persisted_resolved = slot.persisted_resolved.max(m.resolved);
+        }
+    }
+    if w.resolved > f.published {
+        f.published = w.resolved;
+        f.published_ms = now_ms;
+    }
+}

@@ -1,0 +1,56 @@
+//! A fleet on loopback (docs/fleet.md): an oracle's role for its members, the connection
+//! string a member reaches it with, members started and serving, and the relay binary
+//! (`tsoracle-relay`).
+
+use crate::{serving_node, Node, NodeOpts};
+use std::path::PathBuf;
+use std::process::Command;
+
+/// The login role the members of the test fleets use on their oracle.
+pub const MEMBER_ROLE: &str = "fleet_member";
+
+/// The oracle's side: a login role for the members, with `tsoracle_member`.
+pub fn admit_members(oracle: &Node) {
+    let mut c = oracle.connect();
+    c.batch_execute(&format!(
+        "CREATE ROLE {MEMBER_ROLE} LOGIN; GRANT tsoracle_member TO {MEMBER_ROLE};"
+    ))
+    .expect("member role");
+}
+
+/// A member's connection string to the oracle at `ports` (several: the first read-write).
+pub fn oracle_conninfo(ports: &[u16], user: &str) -> String {
+    let hosts = vec!["127.0.0.1"; ports.len()].join(",");
+    let ports = ports.iter().map(|p| p.to_string()).collect::<Vec<_>>().join(",");
+    format!(
+        "host={hosts} port={ports} user={user} dbname=postgres target_session_attrs=read-write connect_timeout=2"
+    )
+}
+
+pub fn member_opts(conninfo: &str) -> NodeOpts {
+    NodeOpts::new()
+        .setting("tsoracle.oracle", conninfo)
+        .setting("tsoracle.extension_timeout_ms", 3000)
+}
+
+/// A started member, extension created, serving (connected to its oracle).
+pub fn member(name: &str, conninfo: &str) -> Node {
+    serving_node(name, member_opts(conninfo))
+}
+
+/// The relay binary of this workspace, built (debug) if it is not yet.
+pub fn relay_binary() -> PathBuf {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let target =
+        std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from);
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let status = Command::new(cargo)
+        .args(["build", "--quiet", "-p", "tsoracle-relay"])
+        .current_dir(&root)
+        .status()
+        .expect("run cargo build -p tsoracle-relay");
+    assert!(status.success(), "cargo build -p tsoracle-relay failed");
+    let bin = target.join("debug").join("tsoracle-relay");
+    assert!(bin.exists(), "{} was not built", bin.display());
+    bin
+}

@@ -1,0 +1,657 @@
+//! The fleet's resolved timestamp `R_f` and the relay (docs/fleet.md, "Reading a fleet in
+//! order").
+//!
+//! - three clusters — an oracle with a synchronous standby, and two members — have an outbox
+//!   each (`ts bigint DEFAULT tso_next()`), written by 4 writers per cluster in transactions
+//!   of random length (10 % roll back, some stay idle for seconds), while the oracle's primary
+//!   is killed (`kill -9`) and its standby promoted, a member restarts and the relay is
+//!   killed and started again. The relay (`tsoracle-relay`, to a file) and a consumer that
+//!   follows the documented protocol by hand each emit every committed row exactly once, in
+//!   timestamp order, and no row that rolled back; `R_f` never decreases;
+//! - an idle transaction on a member holds `R_f`, and `tso_fleet_status()` names its process;
+//! - a member that stops reporting holds `R_f`, `tso_fleet_status()` names it, and once a
+//!   superuser removes it `R_f` goes on;
+//! - who may do what: a role speaking for another role's member, a report without a hello,
+//!   a removal by a non-superuser or of a connected member, a write to the tables.
+//!
+//! Run with: `cargo test -p tsoracle-tests --test fleet_resolved -- --test-threads=2`
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::BufRead;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU16, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+use postgres::error::SqlState;
+use postgres::{Client, NoTls};
+use tsoracle_tests::cluster::{make_sync, promote};
+use tsoracle_tests::fleet::{admit_members, member, oracle_conninfo, relay_binary, MEMBER_ROLE};
+use tsoracle_tests::rng::SplitMix64 as Rng;
+use tsoracle_tests::{
+    expect_sqlstate, pg_error_string, poll_until, serving_node, Node, NodeOpts, StopMode,
+};
+
+const WRITERS: usize = 4;
+const OUTBOX: &str =
+    "CREATE TABLE outbox (id bigserial PRIMARY KEY, ts bigint NOT NULL DEFAULT tso_next(), writer int NOT NULL, note text)";
+
+/// A row of an outbox: its cluster, its id there, its timestamp.
+type RowId = (String, i64);
+
+#[derive(Default)]
+struct Outcomes {
+    committed: BTreeMap<RowId, i64>,
+    rolled_back: BTreeSet<RowId>,
+    /// The commit's answer was lost (a failover, a restart): in the outbox or not.
+    unknown: BTreeSet<RowId>,
+    transactions: u64,
+}
+
+/// A cluster's connection string that follows a port that may change (the oracle's primary).
+#[derive(Clone)]
+struct Target {
+    name: String,
+    port: Arc<AtomicU16>,
+}
+
+impl Target {
+    fn of(node: &Node) -> Target {
+        Target { name: node.name().to_string(), port: Arc::new(AtomicU16::new(node.port())) }
+    }
+
+    fn conninfo(&self) -> String {
+        format!(
+            "host=127.0.0.1 port={} user=postgres dbname=postgres connect_timeout=2",
+            self.port.load(Ordering::SeqCst)
+        )
+    }
+
+    fn connect(&self) -> Option<Client> {
+        Client::connect(&self.conninfo(), NoTls).ok()
+    }
+}
+
+/// One writer: transactions of 1 to 3 rows, mostly short, some idle for up to 2 s, 10 % rolled
+/// back; every outcome recorded.
+fn writer(target: Target, writer: i32, stop: Arc<AtomicBool>, out: Arc<Mutex<Outcomes>>) {
+    let mut rng =
+        Rng::new(0xF1EE7 + writer as u64 * 7919 + target.port.load(Ordering::SeqCst) as u64);
+    let mut client: Option<Client> = None;
+    while !stop.load(Ordering::SeqCst) {
+        let Some(c) = client.as_mut() else {
+            client = target.connect();
+            if client.is_none() {
+                thread::sleep(Duration::from_millis(50));
+            }
+            continue;
+        };
+        let mut rows: Vec<(i64, i64)> = Vec::new();
+        let began = c.batch_execute("BEGIN").is_ok();
+        let mut ok = began;
+        for _ in 0..rng.range_inclusive(1, 3) {
+            if !ok {
+                break;
+            }
+            match c.query_one(
+                "INSERT INTO outbox (writer, note) VALUES ($1, 'x') RETURNING id, ts",
+                &[&writer],
+            ) {
+                Ok(r) => rows.push((r.get(0), r.get(1))),
+                Err(_) => ok = false,
+            }
+        }
+        let pause = if rng.chance(0.03) {
+            rng.range_inclusive(1000, 2000)
+        } else if rng.chance(0.15) {
+            rng.range_inclusive(50, 300)
+        } else {
+            rng.range_inclusive(0, 20)
+        };
+        thread::sleep(Duration::from_millis(pause as u64));
+        let ids = |rows: &[(i64, i64)]| -> Vec<(RowId, i64)> {
+            rows.iter().map(|&(id, ts)| ((target.name.clone(), id), ts)).collect()
+        };
+        if !ok {
+            // Nothing of it can have committed.
+            let _ = c.batch_execute("ROLLBACK");
+            let mut o = out.lock().unwrap();
+            o.rolled_back.extend(ids(&rows).into_iter().map(|(r, _)| r));
+            client = None;
+            continue;
+        }
+        let rollback = rng.chance(0.10);
+        let end = c.batch_execute(if rollback { "ROLLBACK" } else { "COMMIT" });
+        let mut o = out.lock().unwrap();
+        o.transactions += 1;
+        match (rollback, end) {
+            (true, _) => o.rolled_back.extend(ids(&rows).into_iter().map(|(r, _)| r)),
+            (false, Ok(())) => o.committed.extend(ids(&rows)),
+            (false, Err(_)) => {
+                o.unknown.extend(ids(&rows).into_iter().map(|(r, _)| r));
+                client = None;
+            }
+        }
+    }
+}
+
+/// `R_f` on the oracle's primary now, if it answers.
+fn fleet_resolved(oracle: &Target) -> Option<i64> {
+    oracle.connect()?.query_one("SELECT tso_fleet_resolved()", &[]).ok().map(|r| r.get(0))
+}
+
+/// The documented protocol, by hand: `R_f` in a statement of its own, then every cluster's
+/// rows in `(cursor, R_f]`, merged in timestamp order; then `R_f` is the cursor.
+fn consumer(
+    oracle: Target,
+    clusters: Vec<Target>,
+    until: Arc<Mutex<Option<i64>>>,
+) -> Vec<(RowId, i64)> {
+    let mut cursor = 0i64;
+    let mut out = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(240);
+    loop {
+        assert!(Instant::now() < deadline, "the consumer did not reach its end");
+        if until.lock().unwrap().is_some_and(|u| cursor >= u) {
+            return out;
+        }
+        thread::sleep(Duration::from_millis(100));
+        let Some(rf) = fleet_resolved(&oracle) else { continue };
+        if rf <= cursor {
+            continue;
+        }
+        let mut round = Vec::new();
+        let mut complete = true;
+        for t in &clusters {
+            let rows = t.connect().and_then(|mut c| {
+                c.query(
+                    "SELECT id, ts FROM outbox WHERE ts > $1 AND ts <= $2 ORDER BY ts",
+                    &[&cursor, &rf],
+                )
+                .ok()
+            });
+            match rows {
+                Some(rows) => round.extend(
+                    rows.iter().map(|r| ((t.name.clone(), r.get::<_, i64>(0)), r.get::<_, i64>(1))),
+                ),
+                None => {
+                    complete = false;
+                    break;
+                }
+            }
+        }
+        if !complete {
+            continue;
+        }
+        round.sort_by_key(|(_, ts)| *ts);
+        out.extend(round);
+        cursor = rf;
+    }
+}
+
+/// The relay, writing to `dir/out.jsonl`, reading every cluster (the oracle through both its
+/// hosts, the primary first found).
+fn start_relay(
+    bin: &std::path::Path,
+    dir: &std::path::Path,
+    oracle: &str,
+    clusters: &[(String, String)],
+) -> Child {
+    let mut cmd = Command::new(bin);
+    cmd.arg("--oracle").arg(oracle);
+    for (name, conninfo) in clusters {
+        cmd.arg("--cluster").arg(format!("{name}={conninfo}"));
+    }
+    cmd.arg("--output")
+        .arg(dir.join("out.jsonl"))
+        .args(["--interval-ms", "100"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    cmd.spawn().expect("start tsoracle-relay")
+}
+
+/// Keep the relay's last progress line (its rows per second); show what else it says.
+fn progress_of(child: &mut Child) -> Arc<Mutex<String>> {
+    let last = Arc::new(Mutex::new(String::new()));
+    if let Some(err) = child.stderr.take() {
+        let keep = last.clone();
+        thread::spawn(move || {
+            for line in std::io::BufReader::new(err).lines().map_while(Result::ok) {
+                if line.contains("rows/s") {
+                    *keep.lock().unwrap() = line;
+                } else {
+                    eprintln!("{line}");
+                }
+            }
+        });
+    }
+    last
+}
+
+fn relay_cursor(dir: &std::path::Path) -> i64 {
+    std::fs::read_to_string(dir.join("out.jsonl.cursor"))
+        .ok()
+        .and_then(|t| t.split_whitespace().next().and_then(|v| v.parse().ok()))
+        .unwrap_or(0)
+}
+
+/// What the relay wrote: (cluster, id) and ts, in file order.
+fn relay_rows(dir: &std::path::Path) -> Vec<(RowId, i64)> {
+    let text = std::fs::read_to_string(dir.join("out.jsonl")).expect("the relay's output");
+    text.lines()
+        .map(|line| {
+            let v: serde_json::Value =
+                serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
+            let ts = v["ts"].as_i64().expect("ts");
+            let cluster = v["cluster"].as_str().expect("cluster").to_string();
+            let id = v["row"]["id"].as_i64().expect("row.id");
+            assert_eq!(v["row"]["ts"].as_i64(), Some(ts), "the row's own ts: {line}");
+            ((cluster, id), ts)
+        })
+        .collect()
+}
+
+/// `emitted` holds every row of `truth` exactly once, nothing else, in timestamp order.
+#[track_caller]
+fn assert_exactly_once_in_order(who: &str, emitted: &[(RowId, i64)], truth: &BTreeMap<RowId, i64>) {
+    let mut seen = BTreeSet::new();
+    for (row, _) in emitted {
+        assert!(seen.insert(row.clone()), "{who} emitted {row:?} twice");
+    }
+    let missing: Vec<_> = truth.keys().filter(|r| !seen.contains(*r)).take(5).collect();
+    assert!(missing.is_empty(), "{who} missed committed rows, e.g. {missing:?}");
+    let extra: Vec<_> = seen.iter().filter(|r| !truth.contains_key(*r)).take(5).collect();
+    assert!(extra.is_empty(), "{who} emitted rows that are not committed, e.g. {extra:?}");
+    for w in emitted.windows(2) {
+        assert!(w[0].1 <= w[1].1, "{who} emitted {:?} before {:?}", w[0], w[1]);
+    }
+    for (row, ts) in emitted {
+        assert_eq!(truth.get(row), Some(ts), "{who}: the timestamp of {row:?}");
+    }
+}
+
+fn pct(sorted: &[i64], p: f64) -> i64 {
+    sorted.get(((sorted.len() as f64 - 1.0) * p).round() as usize).copied().unwrap_or(0)
+}
+
+#[test]
+fn the_relay_and_the_protocol_read_a_failing_fleet_exactly_once_in_order() {
+    let mut oracle = serving_node("rf-oracle", NodeOpts::new());
+    admit_members(&oracle);
+    let mut standby = Node::base_backup_from(&oracle, "rf-standby").expect("pg_basebackup");
+    standby.start().expect("start the oracle's standby");
+    make_sync(&mut oracle, standby.name()).expect("synchronous standby");
+    let conninfo = oracle_conninfo(&[oracle.port(), standby.port()], MEMBER_ROLE);
+    let mut m1 = member("rf-m1", &conninfo);
+    let m2 = member("rf-m2", &conninfo);
+    for n in [&oracle, &m1, &m2] {
+        n.connect().batch_execute(OUTBOX).expect("the outbox");
+    }
+    let oracle_t = Target::of(&oracle);
+    let targets = vec![oracle_t.clone(), Target::of(&m1), Target::of(&m2)];
+    let both_oracle_hosts = format!(
+        "host=127.0.0.1,127.0.0.1 port={},{} user=postgres dbname=postgres target_session_attrs=read-write connect_timeout=2",
+        oracle.port(),
+        standby.port()
+    );
+    let relay_clusters: Vec<(String, String)> = vec![
+        (oracle.name().to_string(), both_oracle_hosts.clone()),
+        (m1.name().to_string(), m1.conninfo()),
+        (m2.name().to_string(), m2.conninfo()),
+    ];
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let outcomes = Arc::new(Mutex::new(Outcomes::default()));
+    let mut writers: Vec<JoinHandle<()>> = Vec::new();
+    for t in &targets {
+        for w in 0..WRITERS {
+            let (t, stop, out) = (t.clone(), stop.clone(), outcomes.clone());
+            writers.push(thread::spawn(move || writer(t, w as i32, stop, out)));
+        }
+    }
+    // R_f sampled all along: it never decreases; its lag behind a new value is measured.
+    let samples = Arc::new(Mutex::new(Vec::<(i64, i64)>::new()));
+    let sampler = {
+        let (t, stop, samples) = (oracle_t.clone(), stop.clone(), samples.clone());
+        thread::spawn(move || {
+            while !stop.load(Ordering::SeqCst) {
+                if let Some(mut c) = t.connect() {
+                    while !stop.load(Ordering::SeqCst) {
+                        let Ok(rf) = c.query_one("SELECT tso_fleet_resolved()", &[]) else { break };
+                        let Ok(next) = c.query_one("SELECT tso_next()", &[]) else { break };
+                        samples.lock().unwrap().push((rf.get(0), next.get(0)));
+                        thread::sleep(Duration::from_millis(50));
+                    }
+                }
+                thread::sleep(Duration::from_millis(50));
+            }
+        })
+    };
+    let until = Arc::new(Mutex::new(None));
+    let by_hand = {
+        let (o, ts, until) = (oracle_t.clone(), targets.clone(), until.clone());
+        thread::spawn(move || consumer(o, ts, until))
+    };
+    let dir = std::env::temp_dir().join(format!("tsoracle-relay-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let _ = std::fs::remove_file(dir.join("out.jsonl"));
+    let _ = std::fs::remove_file(dir.join("out.jsonl.cursor"));
+    let bin = relay_binary();
+    let mut relay = start_relay(&bin, &dir, &both_oracle_hosts, &relay_clusters);
+    let _ = progress_of(&mut relay);
+
+    let committed = |outcomes: &Arc<Mutex<Outcomes>>| outcomes.lock().unwrap().committed.len();
+    // Each phase: at least 3 s, and 100 more committed rows.
+    let progress = |what: &str| {
+        let (before, began) = (committed(&outcomes), Instant::now());
+        poll_until(what, Duration::from_secs(60), || {
+            (committed(&outcomes) >= before + 100 && began.elapsed() >= Duration::from_secs(3))
+                .then_some(())
+        });
+    };
+    progress("the writers commit");
+    poll_until("the relay moves", Duration::from_secs(30), || {
+        (relay_cursor(&dir) > 0).then_some(())
+    });
+    // The oracle's hot standby serves R_f as far as it has replayed it.
+    let on_standby = poll_until("R_f on the oracle's standby", Duration::from_secs(10), || {
+        standby
+            .connect()
+            .query_one("SELECT tso_fleet_resolved()", &[])
+            .ok()
+            .map(|r| r.get::<_, i64>(0))
+            .filter(|&rf| rf > 0)
+    });
+    let on_primary = fleet_resolved(&oracle_t).expect("R_f on the primary");
+    assert!(on_standby <= on_primary, "the standby's R_f {on_standby} is ahead of {on_primary}");
+    let listed: i64 =
+        standby.connect().query_one("SELECT count(*) FROM tso_fleet_status()", &[]).unwrap().get(0);
+    assert_eq!(listed, 2, "the standby lists both members");
+    // kill -9 of the oracle's primary, then its standby promoted.
+    oracle.kill9_postmaster().expect("kill -9 the oracle's primary");
+    promote(&standby).expect("promote the oracle's standby");
+    oracle_t.port.store(standby.port(), Ordering::SeqCst);
+    progress("the writers commit after the oracle's failover");
+    // A member restarted.
+    m1.restart(StopMode::Fast).expect("restart member 1");
+    progress("the writers commit after a member's restart");
+    // The relay killed, and started again from its cursor.
+    relay.kill().expect("kill the relay");
+    let _ = relay.wait();
+    let mut relay = start_relay(&bin, &dir, &both_oracle_hosts, &relay_clusters);
+    let relay_progress = progress_of(&mut relay);
+    progress("the writers commit after the relay's restart");
+    stop.store(true, Ordering::SeqCst);
+    for w in writers {
+        w.join().expect("a writer panicked");
+    }
+    sampler.join().expect("the sampler panicked");
+
+    // What is committed: each outbox as it is now.
+    let mut truth: BTreeMap<RowId, i64> = BTreeMap::new();
+    for t in &targets {
+        let mut c = t.connect().expect("connect at the end");
+        for r in c.query("SELECT id, ts FROM outbox", &[]).unwrap() {
+            truth.insert((t.name.clone(), r.get(0)), r.get(1));
+        }
+    }
+    let o = outcomes.lock().unwrap();
+    for (row, ts) in &o.committed {
+        assert_eq!(truth.get(row), Some(ts), "a committed row {row:?} is not in its outbox");
+    }
+    for row in &o.rolled_back {
+        assert!(!truth.contains_key(row), "a rolled-back row {row:?} is in its outbox");
+    }
+    let clusters_written: BTreeSet<&str> = truth.keys().map(|(c, _)| c.as_str()).collect();
+    assert_eq!(clusters_written.len(), 3, "every cluster's outbox has rows");
+    let rolled_back = o.rolled_back.len();
+    let unknown = o.unknown.len();
+    let transactions = o.transactions;
+    drop(o);
+    let newest = truth.values().copied().max().unwrap();
+    // R_f reaches every row once the writers have stopped; then both readers finish there.
+    poll_until("R_f passes the newest row", Duration::from_secs(60), || {
+        fleet_resolved(&oracle_t).filter(|&rf| rf >= newest)
+    });
+    *until.lock().unwrap() = Some(newest);
+    poll_until("the relay passes the newest row", Duration::from_secs(60), || {
+        (relay_cursor(&dir) >= newest).then_some(())
+    });
+    relay.kill().expect("stop the relay");
+    let _ = relay.wait();
+    let by_hand = by_hand.join().expect("the consumer panicked");
+
+    assert_exactly_once_in_order("the relay", &relay_rows(&dir), &truth);
+    assert_exactly_once_in_order("the consumer", &by_hand, &truth);
+    let samples = samples.lock().unwrap().clone();
+    assert!(samples.len() > 50, "R_f sampled {} times", samples.len());
+    for w in samples.windows(2) {
+        assert!(w[1].0 >= w[0].0, "R_f went down: {} then {}", w[0].0, w[1].0);
+    }
+    let mut lag: Vec<i64> = samples.iter().map(|&(rf, next)| (next >> 18) - (rf >> 18)).collect();
+    lag.sort_unstable();
+    println!(
+        "fleet: {} rows committed in {transactions} transactions ({rolled_back} rolled back, {unknown} unknown); R_f behind a new value: p50 {} ms, p99 {} ms ({} samples); relay: {}",
+        truth.len(),
+        pct(&lag, 0.5),
+        pct(&lag, 0.99),
+        lag.len(),
+        relay_progress.lock().unwrap()
+    );
+
+    // The relay's rate on a backlog: 30,000 more rows on each cluster, stamped from one batch
+    // each, read by a new relay from the start to the newest row (`--until`).
+    let mut newest = newest;
+    for t in &targets {
+        let mut c = t.connect().expect("connect");
+        let rows = c
+            .query(
+                "INSERT INTO outbox (ts, writer, note) SELECT b + g, 0, 'backlog' \
+                 FROM (SELECT tso_next_batch(30000) AS b) x, generate_series(0, 29999) g RETURNING id, ts",
+                &[],
+            )
+            .expect("a backlog");
+        for r in rows {
+            truth.insert((t.name.clone(), r.get(0)), r.get(1));
+            newest = newest.max(r.get(1));
+        }
+    }
+    poll_until("R_f passes the backlog", Duration::from_secs(60), || {
+        fleet_resolved(&oracle_t).filter(|&rf| rf >= newest)
+    });
+    let backlog = dir.join("backlog");
+    std::fs::create_dir_all(&backlog).unwrap();
+    let began = Instant::now();
+    let status = Command::new(&bin)
+        .arg("--oracle")
+        .arg(&both_oracle_hosts)
+        .args(
+            relay_clusters.iter().flat_map(|(n, c)| ["--cluster".to_string(), format!("{n}={c}")]),
+        )
+        .arg("--output")
+        .arg(backlog.join("out.jsonl"))
+        .args(["--interval-ms", "10", "--until"])
+        .arg(newest.to_string())
+        .stderr(Stdio::null())
+        .status()
+        .expect("run the relay over the backlog");
+    let took = began.elapsed();
+    assert!(status.success(), "the relay over the backlog: {status}");
+    assert_exactly_once_in_order("the relay over the backlog", &relay_rows(&backlog), &truth);
+    println!(
+        "relay over a backlog: {} rows in {:.2} s, {:.0} rows/s",
+        truth.len(),
+        took.as_secs_f64(),
+        truth.len() as f64 / took.as_secs_f64()
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The row of `tso_fleet_status()` for the member of system identifier `id`:
+/// (resolved, held_by_pid, holds_fleet).
+fn status_of(oracle: &Node, id: i64) -> Option<(i64, Option<i32>, bool)> {
+    oracle
+        .connect()
+        .query_opt(
+            "SELECT resolved, held_by_pid, holds_fleet FROM tso_fleet_status() WHERE system_id = $1",
+            &[&id],
+        )
+        .unwrap()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+}
+
+fn system_id(node: &Node) -> i64 {
+    node.connect()
+        .query_one("SELECT system_identifier FROM pg_control_system()", &[])
+        .unwrap()
+        .get(0)
+}
+
+#[test]
+fn what_holds_the_fleet_is_named_and_a_silent_member_holds_it_until_removed() {
+    let oracle = serving_node("rh-oracle", NodeOpts::new().setting("wal_level", "logical"));
+    admit_members(&oracle);
+    oracle
+        .connect()
+        .batch_execute("SELECT pg_create_logical_replication_slot('fleet', 'test_decoding')")
+        .expect("a logical slot");
+    let conninfo = oracle_conninfo(&[oracle.port()], MEMBER_ROLE);
+    let m1 = member("rh-m1", &conninfo);
+    let mut m2 = member("rh-m2", &conninfo);
+    let (id1, id2) = (system_id(&m1), system_id(&m2));
+    let mut o = oracle.connect();
+    poll_until("R_f is published", Duration::from_secs(10), || {
+        o.query_one("SELECT tso_fleet_resolved()", &[]).ok().map(|r| r.get::<_, i64>(0))
+    });
+
+    // An idle transaction on member 1 holds R_f; tso_fleet_status() names its process.
+    let mut idle = m1.connect();
+    idle.batch_execute("BEGIN").unwrap();
+    let held: i64 = idle.query_one("SELECT tso_next()", &[]).unwrap().get(0);
+    let pid: i32 = idle.query_one("SELECT pg_backend_pid()", &[]).unwrap().get(0);
+    for _ in 0..20 {
+        let _: i64 = m2.connect().query_one("SELECT tso_next()", &[]).unwrap().get(0);
+    }
+    poll_until("tso_fleet_status() names the idle transaction", Duration::from_secs(10), || {
+        status_of(&oracle, id1).filter(|&(_, by, holds)| by == Some(pid) && holds)
+    });
+    let rf: i64 = o.query_one("SELECT tso_fleet_resolved()", &[]).unwrap().get(0);
+    assert!(rf < held, "R_f {rf} passed {held}, which an open transaction on member 1 holds");
+    idle.batch_execute("COMMIT").unwrap();
+    poll_until("R_f passes the committed value", Duration::from_secs(10), || {
+        let rf: i64 = o.query_one("SELECT tso_fleet_resolved()", &[]).unwrap().get(0);
+        (rf >= held).then_some(())
+    });
+
+    // Member 2 stops: it reports no more and holds R_f, however long; it is named.
+    let (last, ..) = status_of(&oracle, id2).expect("member 2 is registered");
+    m2.stop(StopMode::Immediate).expect("stop member 2");
+    let ours: i64 = o.query_one("SELECT tso_next()", &[]).unwrap().get(0);
+    thread::sleep(Duration::from_millis(1500));
+    let (frozen, _, holds) = status_of(&oracle, id2).expect("member 2 is still registered");
+    assert!(holds, "tso_fleet_status() names member 2 as what holds R_f");
+    let rf: i64 = o.query_one("SELECT tso_fleet_resolved()", &[]).unwrap().get(0);
+    assert!(rf <= frozen && frozen >= last, "R_f {rf} waits at member 2's last report {frozen}");
+    assert!(rf < ours, "R_f {rf} stays below a value issued after member 2 stopped ({ours})");
+    // Removed by a superuser (once its connection is gone), it holds R_f no more.
+    poll_until("member 2 is removed", Duration::from_secs(15), || {
+        match o.query_one("SELECT tso_fleet_remove($1)", &[&id2]) {
+            Ok(r) => Some(r.get::<_, bool>(0)),
+            Err(e) if e.code() == Some(&SqlState::OBJECT_IN_USE) => None,
+            Err(e) => panic!("tso_fleet_remove: {}", pg_error_string(&e)),
+        }
+    });
+    assert!(status_of(&oracle, id2).is_none(), "member 2 is gone from tso_fleet_status()");
+    poll_until("R_f goes on without member 2", Duration::from_secs(10), || {
+        let rf: i64 = o.query_one("SELECT tso_fleet_resolved()", &[]).unwrap().get(0);
+        (rf >= ours).then_some(())
+    });
+    let remaining: i64 =
+        o.query_one("SELECT count(*) FROM tsoracle.fleet_member", &[]).unwrap().get(0);
+    assert_eq!(remaining, 1, "member 2's row is deleted, member 1's kept");
+
+    // R_f in the oracle's change stream: transactional messages, never decreasing, the
+    // latest at or above what was read before.
+    let rf: i64 = o.query_one("SELECT tso_fleet_resolved()", &[]).unwrap().get(0);
+    let announced: Vec<i64> = o
+        .query("SELECT data FROM pg_logical_slot_get_changes('fleet', NULL, NULL)", &[])
+        .unwrap()
+        .iter()
+        .filter_map(|r| {
+            let line: String = r.get(0);
+            let rest =
+                line.strip_prefix("message: transactional: 1 prefix: tsoracle.fleet_resolved, ")?;
+            rest.split("content:").nth(1)?.trim().parse().ok()
+        })
+        .collect();
+    assert!(announced.len() >= 3, "R_f announced {} times in the change stream", announced.len());
+    assert!(announced.windows(2).all(|w| w[0] <= w[1]), "announced R_f went down: {announced:?}");
+    assert!(*announced.last().unwrap() >= rf, "the stream carries R_f {rf}: {announced:?}");
+}
+
+#[test]
+fn only_a_member_speaks_for_itself_and_only_a_superuser_removes_one() {
+    let oracle = serving_node("rw-oracle", NodeOpts::new());
+    admit_members(&oracle);
+    let m = member("rw-m", &oracle_conninfo(&[oracle.port()], MEMBER_ROLE));
+    let id = system_id(&m);
+    let mut o = oracle.connect();
+    o.batch_execute(
+        "CREATE ROLE rogue LOGIN; GRANT tsoracle_member TO rogue; CREATE ROLE plain LOGIN",
+    )
+    .unwrap();
+    poll_until("the member is registered", Duration::from_secs(10), || status_of(&oracle, id));
+    let version: String = o
+        .query_one("SELECT extversion FROM pg_extension WHERE extname = 'tsoracle'", &[])
+        .unwrap()
+        .get(0);
+
+    // Another role cannot speak for the member (and so cannot raise its entry).
+    let mut rogue = oracle.connect_as("rogue");
+    expect_sqlstate(
+        rogue.query("SELECT * FROM tsoracle.member_report($1, 0)", &[&i64::MAX]),
+        &SqlState::OBJECT_NOT_IN_PREREQUISITE_STATE,
+        "a report without a hello",
+    );
+    expect_sqlstate(
+        rogue.query("SELECT * FROM tsoracle.member_hello($1, $2, 0)", &[&id, &version]),
+        &SqlState::INSUFFICIENT_PRIVILEGE,
+        "a hello for another role's member",
+    );
+    // A role without tsoracle_member cannot report at all.
+    expect_sqlstate(
+        oracle.connect_as("plain").query("SELECT tsoracle.member_report(1, 0)", &[]),
+        &SqlState::INSUFFICIENT_PRIVILEGE,
+        "member_report without tsoracle_member",
+    );
+    // Only superusers remove, and not a member still connected.
+    expect_sqlstate(
+        oracle.connect_as("plain").query("SELECT tso_fleet_remove($1)", &[&id]),
+        &SqlState::INSUFFICIENT_PRIVILEGE,
+        "tso_fleet_remove as a plain role",
+    );
+    let e = expect_sqlstate(
+        o.query("SELECT tso_fleet_remove($1)", &[&id]),
+        &SqlState::OBJECT_IN_USE,
+        "tso_fleet_remove of a connected member",
+    );
+    assert!(pg_error_string(&e).contains("gone for good"), "{}", pg_error_string(&e));
+    let none: bool = o.query_one("SELECT tso_fleet_remove(12345)", &[]).unwrap().get(0);
+    assert!(!none, "no such member");
+    // Nobody writes the tables but the worker, not even a superuser.
+    for sql in [
+        "UPDATE tsoracle.fleet_member SET resolved = resolved + 1000000000",
+        "DELETE FROM tsoracle.fleet_member",
+        "UPDATE tsoracle.fleet_resolved SET ts = ts + 1000000000",
+        "TRUNCATE tsoracle.fleet_member",
+    ] {
+        expect_sqlstate(o.batch_execute(sql), &SqlState::INSUFFICIENT_PRIVILEGE, sql);
+    }
+    // On a member, the fleet's R_f is the oracle's to tell.
+    expect_sqlstate(
+        m.connect().query_one("SELECT tso_fleet_resolved()", &[]),
+        &SqlState::FEATURE_NOT_SUPPORTED,
+        "tso_fleet_resolved() on a member",
+    );
+}
