@@ -131,15 +131,7 @@ pub(super) fn write(own: u64) -> Result<Written, pgrx::spi::Error> {
     }
     let resolved = computed(&f, own);
     if resolved > f.published {
-        Spi::run_with_args(
-            "UPDATE tsoracle.fleet_resolved SET ts = GREATEST(ts, $1), updated_at = pg_catalog.now() WHERE id",
-            &[(resolved as i64).into()],
-        )?;
-        Spi::run_with_args(
-            "SELECT CASE WHEN pg_catalog.current_setting('wal_level') OPERATOR(pg_catalog.=) 'logical' \
-                 THEN pg_catalog.pg_logical_emit_message(true, 'tsoracle.fleet_resolved', $1::pg_catalog.text) END",
-            &[(resolved as i64).into()],
-        )?;
+        super::resolved::publish(super::resolved::Published::Fleet, resolved)?;
     }
     Ok(Written { loaded, members, resolved })
 }

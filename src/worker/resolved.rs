@@ -35,15 +35,7 @@ impl Worker {
         }
         let written = transaction(|| -> Result<Option<super::fleet::Written>, pgrx::spi::Error> {
             if local {
-                Spi::run_with_args(
-                    "UPDATE tsoracle.resolved SET ts = GREATEST(ts, $1), updated_at = pg_catalog.now() WHERE id",
-                    &[(r as i64).into()],
-                )?;
-                Spi::run_with_args(
-                    "SELECT CASE WHEN pg_catalog.current_setting('wal_level') OPERATOR(pg_catalog.=) 'logical' \
-                         THEN pg_catalog.pg_logical_emit_message(true, 'tsoracle.resolved', $1::pg_catalog.text) END",
-                    &[(r as i64).into()],
-                )?;
+                publish(Published::Local, r)?;
             }
             // In a subtransaction: a fleet table locked or broken holds up R_f, not R.
             Ok(if fleet {
@@ -94,4 +86,35 @@ fn warn_fleet(failure: &str) {
         WARNED_MONO_MS.set(now.max(1));
         pgrx::warning!("tsoracle could not publish the fleet's resolved timestamp: {failure}; retrying every tsoracle.resolved_interval_ms");
     }
+}
+
+/// Which resolved timestamp a publication writes.
+#[derive(Clone, Copy)]
+pub(super) enum Published {
+    /// This cluster's own `R`.
+    Local,
+    /// The fleet's `R_f`, on its oracle.
+    Fleet,
+}
+
+/// Write `r` to its table (what standbys read) and, with `wal_level = logical`, emit it as a
+/// transactional message in the change stream: `tsoracle.resolved` or
+/// `tsoracle.fleet_resolved`, both table and message prefix.
+pub(super) fn publish(what: Published, r: u64) -> Result<(), pgrx::spi::Error> {
+    let (update, prefix) = match what {
+        Published::Local => (
+            "UPDATE tsoracle.resolved SET ts = GREATEST(ts, $1), updated_at = pg_catalog.now() WHERE id",
+            "tsoracle.resolved",
+        ),
+        Published::Fleet => (
+            "UPDATE tsoracle.fleet_resolved SET ts = GREATEST(ts, $1), updated_at = pg_catalog.now() WHERE id",
+            "tsoracle.fleet_resolved",
+        ),
+    };
+    Spi::run_with_args(update, &[(r as i64).into()])?;
+    Spi::run_with_args(
+        "SELECT CASE WHEN pg_catalog.current_setting('wal_level') OPERATOR(pg_catalog.=) 'logical' \
+             THEN pg_catalog.pg_logical_emit_message(true, $2, $1::pg_catalog.text) END",
+        &[(r as i64).into(), prefix.into()],
+    )
 }

@@ -461,6 +461,15 @@ fn smoke(b: &PgBouncer, db: &str) -> BTreeSet<&'static str> {
     assert!(rows.is_empty(), "{db}: not a member");
     called.extend(["tso_handover", "tso_member_status"]);
 
+    // The fleet's functions on a cluster with no member: R_f is published, no member is
+    // listed, and removing one is for superusers.
+    assert!(int8(&mut c, "SELECT tso_fleet_resolved()", &[]) > 0, "{db}: R_f");
+    let rows = other.query_typed("SELECT * FROM tso_fleet_status()", &[]).unwrap();
+    assert!(rows.is_empty(), "{db}: no member");
+    let e = c.query_typed("SELECT tso_fleet_remove(1)", &[]).expect_err("tso_fleet_remove as app");
+    assert_eq!(e.code(), Some(&SqlState::INSUFFICIENT_PRIVILEGE), "{db}: {}", pg_error_string(&e));
+    called.extend(["tso_fleet_resolved", "tso_fleet_status", "tso_fleet_remove"]);
+
     let state: String = one(&mut c, "SELECT state FROM tso_status()", &[]).get(0);
     assert_eq!(state, "serving", "{db}");
     let wall = int8(&mut other, "SELECT wall_ms FROM tso_clock()", &[]);
