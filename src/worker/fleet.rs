@@ -18,8 +18,17 @@ pub(super) struct Written {
     loaded: Option<(Vec<MemberSlot>, u64)>,
     /// The slots written (as they were then).
     members: Vec<MemberSlot>,
-    /// `R_f` as written.
+    /// `R_f` as computed.
     resolved: u64,
+    /// Above what was published: to write to `tsoracle.fleet_resolved` and the change stream.
+    raised: bool,
+}
+
+impl Written {
+    /// `R_f` to publish, if it moved.
+    pub(super) fn raised(&self) -> Option<u64> {
+        self.raised.then_some(self.resolved)
+    }
 }
 
 /// Anything to write: the table not read yet, a registration or a removal to make durable,
@@ -79,8 +88,9 @@ fn load() -> Result<(Vec<MemberSlot>, u64), pgrx::spi::Error> {
     })
 }
 
-/// Inside the publishing transaction: read the table if not yet, write what moved and `R_f`
-/// (`own`: the oracle's own `R`, computed before the transaction began).
+/// Inside the publishing transaction: read the table if not yet, write the entries that moved,
+/// compute `R_f` (`own`: the oracle's own `R`, computed before the transaction began); the
+/// caller publishes it (`Written::raised`).
 pub(super) fn write(own: u64) -> Result<Written, pgrx::spi::Error> {
     let mut f = *FLEET.share();
     let loaded = if f.loaded { None } else { Some(load()?) };
@@ -130,10 +140,7 @@ pub(super) fn write(own: u64) -> Result<Written, pgrx::spi::Error> {
         }
     }
     let resolved = computed(&f, own);
-    if resolved > f.published {
-        super::resolved::publish(super::resolved::Published::Fleet, resolved)?;
-    }
-    Ok(Written { loaded, members, resolved })
+    Ok(Written { loaded, members, resolved, raised: resolved > f.published })
 }
 
 /// After the commit: what was written is durable; `R_f` may be handed out.

@@ -39,7 +39,13 @@ impl Worker {
             }
             // In a subtransaction: a fleet table locked or broken holds up R_f, not R.
             Ok(if fleet {
-                match subtransaction(|| super::fleet::write(r)) {
+                match subtransaction(|| {
+                    let w = super::fleet::write(r)?;
+                    if let Some(rf) = w.raised() {
+                        publish(Published::Fleet, rf)?;
+                    }
+                    Ok::<_, pgrx::spi::Error>(w)
+                }) {
                     Ok(Ok(w)) => Some(w),
                     Ok(Err(e)) => {
                         warn_fleet(&e.to_string());
@@ -90,7 +96,7 @@ fn warn_fleet(failure: &str) {
 
 /// Which resolved timestamp a publication writes.
 #[derive(Clone, Copy)]
-pub(super) enum Published {
+enum Published {
     /// This cluster's own `R`.
     Local,
     /// The fleet's `R_f`, on its oracle.
@@ -100,7 +106,7 @@ pub(super) enum Published {
 /// Write `r` to its table (what standbys read) and, with `wal_level = logical`, emit it as a
 /// transactional message in the change stream: `tsoracle.resolved` or
 /// `tsoracle.fleet_resolved`, both table and message prefix.
-pub(super) fn publish(what: Published, r: u64) -> Result<(), pgrx::spi::Error> {
+fn publish(what: Published, r: u64) -> Result<(), pgrx::spi::Error> {
     let (update, prefix) = match what {
         Published::Local => (
             "UPDATE tsoracle.resolved SET ts = GREATEST(ts, $1), updated_at = pg_catalog.now() WHERE id",
