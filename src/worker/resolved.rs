@@ -18,18 +18,22 @@ impl Worker {
         let now = clock::mono_ms();
         // On the oracle of a fleet, a member's registration or removal waits for this: at once.
         let oracle = !guc::is_member();
-        if now.saturating_sub(self.resolved_published_mono_ms) < guc::resolved_interval_ms()
-            && !(oracle && super::fleet::urgent())
-        {
+        let on_time =
+            now.saturating_sub(self.resolved_published_mono_ms) >= guc::resolved_interval_ms();
+        let urgent = oracle && super::fleet::urgent();
+        if !on_time && !urgent {
             return;
         }
-        self.resolved_published_mono_ms = now;
+        if on_time {
+            self.resolved_published_mono_ms = now;
+        }
         let Ok(r) = crate::shmem::holders::primary_resolved(self.signals) else {
             return;
         };
-        let local = r > self.signals.published_resolved().0;
+        // This cluster's own R every interval only, whatever the fleet needs in between.
+        let local = on_time && r > self.signals.published_resolved().0;
         // The fleet's R_f, from this R and the members' entries, in the same transaction.
-        let fleet = oracle && super::fleet::due(r);
+        let fleet = oracle && (on_time || urgent) && super::fleet::due(r);
         if !local && !fleet {
             return;
         }
