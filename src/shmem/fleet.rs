@@ -43,6 +43,11 @@ impl MemberSlot {
     pub fn entry(&self) -> MemberEntry {
         MemberEntry::new(self.resolved)
     }
+
+    /// What the table does not hold yet: its registration, its removal, or a higher entry.
+    pub fn unwritten(&self) -> bool {
+        !self.persisted || self.removing || self.resolved != self.persisted_resolved
+    }
 }
 
 /// State guarded by the fleet's LWLock. Plain data only: it lives in shared memory.
@@ -81,6 +86,21 @@ impl FleetState {
 
     pub fn used(&self) -> impl Iterator<Item = &MemberSlot> {
         self.members.iter().filter(|m| m.used)
+    }
+
+    /// Rows read from the table: a member already here keeps the higher entry, another takes
+    /// a free slot.
+    pub fn merge(&mut self, rows: &[MemberSlot]) {
+        for row in rows {
+            match self.find(row.system_id) {
+                Some(i) => self.members[i].resolved = self.members[i].resolved.max(row.resolved),
+                None => {
+                    if let Some(i) = self.free() {
+                        self.members[i] = *row;
+                    }
+                }
+            }
+        }
     }
 }
 

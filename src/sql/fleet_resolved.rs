@@ -67,11 +67,11 @@ fn status_rows() -> Vec<StatusRow> {
     let fleet = *FLEET.share();
     let members: Vec<MemberSlot> = fleet.used().copied().collect();
     let entries: Vec<_> = members.iter().map(MemberSlot::entry).collect();
-    let own = crate::shmem::signals()
-        .and_then(crate::shmem::holders::primary_resolved)
-        .unwrap_or(u64::MAX);
+    let signals = crate::shmem::signals().ok();
+    let own =
+        signals.and_then(|s| crate::shmem::holders::primary_resolved(s).ok()).unwrap_or(u64::MAX);
     let holding = tsoracle_core::fleet::holding(own, &entries);
-    let newest = crate::shmem::signals().ok().and_then(|s| s.window.last_issued());
+    let newest = signals.and_then(|s| s.window.last_issued());
     members
         .iter()
         .enumerate()

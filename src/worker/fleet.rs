@@ -35,9 +35,7 @@ impl Written {
 /// an entry that moved, or a higher `R_f` (with `own`, the oracle's own `R`).
 pub(super) fn due(own: u64) -> bool {
     let f = FLEET.share();
-    !f.loaded
-        || f.used().any(|m| !m.persisted || m.removing || m.resolved != m.persisted_resolved)
-        || computed(&f, own) > f.published
+    !f.loaded || f.used().any(MemberSlot::unwritten) || computed(&f, own) > f.published
 }
 
 /// Registrations and removals wait for a publication: it runs at once for them.
@@ -96,22 +94,9 @@ pub(super) fn write(own: u64) -> Result<Written, pgrx::spi::Error> {
     let loaded = if f.loaded { None } else { Some(load()?) };
     if let Some((rows, published)) = &loaded {
         f.published = f.published.max(*published);
-        for row in rows {
-            match f.find(row.system_id) {
-                Some(i) => f.members[i].resolved = f.members[i].resolved.max(row.resolved),
-                None => {
-                    if let Some(i) = f.free() {
-                        f.members[i] = *row;
-                    }
-                }
-            }
-        }
+        f.merge(rows);
     }
-    let members: Vec<MemberSlot> = f
-        .used()
-        .filter(|m| !m.persisted || m.removing || m.resolved != m.persisted_resolved)
-        .copied()
-        .collect();
+    let members: Vec<MemberSlot> = f.used().filter(|m| m.unwritten()).copied().collect();
     for m in &members {
         if m.removing {
             Spi::run_with_args(
@@ -148,16 +133,7 @@ pub(super) fn committed(w: Written, now_ms: u64) {
     let mut f = FLEET.exclusive();
     if let Some((rows, published)) = w.loaded {
         f.published = f.published.max(published);
-        for row in rows {
-            match f.find(row.system_id) {
-                Some(i) => f.members[i].resolved = f.members[i].resolved.max(row.resolved),
-                None => {
-                    if let Some(i) = f.free() {
-                        f.members[i] = row;
-                    }
-                }
-            }
-        }
+        f.merge(&rows);
         f.loaded = true;
     }
     for m in w.members {
