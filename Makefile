@@ -34,8 +34,11 @@ TEST_PGRX_HOME ?= $(CURDIR)/target/pgrx-home
 # tree's build in it if --install) and print its bin directory. The tests' build has the
 # feature clock-fault (src/clock.rs: the wall clock of the whole server can be offset, so the
 # suites step it under load); the packages and `make install` never do.
+# It is built with the Cargo profile TEST_PROFILE (Cargo.toml: release without fat LTO, a
+# quarter of the build time on every major); the packages are built with release.
 TEST_FEATURES ?= clock-fault
-test_pg = TSORACLE_FEATURES=$(TEST_FEATURES) scripts/test-pg.sh $(2) $(1) $(TEST_PG_ROOT)/pg$(1) $(TEST_PGRX_HOME)/pg$(1)
+TEST_PROFILE ?= tests
+test_pg = INSTALL_PROFILE=$(TEST_PROFILE) TSORACLE_FEATURES=$(TEST_FEATURES) scripts/test-pg.sh $(2) $(1) $(TEST_PG_ROOT)/pg$(1) $(TEST_PGRX_HOME)/pg$(1)
 
 .PHONY: run stop test test-core test-pg test-integration test-upgrade test-install test-package \
 	test-snapshot test-untouched test-deps test-docs test-layers install deps build-deps \

@@ -3,18 +3,20 @@
 # feature from its version) and print the directory holding the result: the library, the
 # control file and the install and upgrade scripts, under the paths PG_CONFIG reports.
 #
-# Usage: scripts/build-ext.sh PG_CONFIG   (INSTALL_PROFILE=debug for a debug build;
+# Usage: scripts/build-ext.sh PG_CONFIG   (INSTALL_PROFILE=debug for a debug build, or the
+#   name of another Cargo profile, such as the tests' one;
 #   TSORACLE_FEATURES=clock-fault for the tests' build, whose wall clock can be offset)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PG_CONFIG=${1:?usage: build-ext.sh PG_CONFIG}
-profile_flag=()
-profile_dir=release
-if [ "${INSTALL_PROFILE:-release}" = debug ]; then
-    profile_flag=(--debug)
-    profile_dir=debug
-fi
+profile=${INSTALL_PROFILE:-release}
+case "$profile" in
+release) profile_flag=() ;;
+debug) profile_flag=(--debug) ;;
+*) profile_flag=(--profile "$profile") ;;
+esac
+profile_dir=$profile
 major=$("$PG_CONFIG" --version | sed -E 's/^PostgreSQL ([0-9]+).*/\1/')
 out="${CARGO_TARGET_DIR:-target}/$profile_dir/tsoracle-pg$major"
 rm -rf "$out"
