@@ -35,7 +35,7 @@ use tsoracle_tests::{
 
 const WRITERS: usize = 4;
 const OUTBOX: &str =
-    "CREATE TABLE outbox (id bigserial PRIMARY KEY, ts bigint NOT NULL DEFAULT tso_next(), writer int NOT NULL, note text)";
+    "CREATE TABLE outbox (id bigint PRIMARY KEY, ts bigint NOT NULL DEFAULT tso_next(), writer int NOT NULL, note text)";
 
 /// A row of an outbox: its cluster, its id there, its timestamp.
 type RowId = (String, i64);
@@ -74,11 +74,14 @@ impl Target {
 }
 
 /// One writer: transactions of 1 to 3 rows, mostly short, some idle for up to 2 s, 10 % rolled
-/// back; every outcome recorded.
+/// back; every outcome recorded. Each row's id is the writer's own (its number, then a count):
+/// a sequence would not do, since a promoted standby may hand out again a value that a rolled-
+/// back transaction took on the old primary.
 fn writer(target: Target, writer: i32, stop: Arc<AtomicBool>, out: Arc<Mutex<Outcomes>>) {
     let mut rng =
         Rng::new(0xF1EE7 + writer as u64 * 7919 + target.port.load(Ordering::SeqCst) as u64);
     let mut client: Option<Client> = None;
+    let mut next_id = i64::from(writer) * 1_000_000_000;
     while !stop.load(Ordering::SeqCst) {
         let Some(c) = client.as_mut() else {
             client = target.connect();
@@ -94,9 +97,10 @@ fn writer(target: Target, writer: i32, stop: Arc<AtomicBool>, out: Arc<Mutex<Out
             if !ok {
                 break;
             }
+            next_id += 1;
             match c.query_one(
-                "INSERT INTO outbox (writer, note) VALUES ($1, 'x') RETURNING id, ts",
-                &[&writer],
+                "INSERT INTO outbox (id, writer, note) VALUES ($1, $2, 'x') RETURNING id, ts",
+                &[&next_id, &writer],
             ) {
                 Ok(r) => rows.push((r.get(0), r.get(1))),
                 Err(_) => ok = false,
@@ -447,7 +451,7 @@ fn the_relay_and_the_protocol_read_a_failing_fleet_exactly_once_in_order() {
         let mut c = t.connect().expect("connect");
         let rows = c
             .query(
-                "INSERT INTO outbox (ts, writer, note) SELECT b + g, 0, 'backlog' \
+                "INSERT INTO outbox (id, ts, writer, note) SELECT -1 - g, b + g, 0, 'backlog' \
                  FROM (SELECT tso_next_batch(30000) AS b) x, generate_series(0, 29999) g RETURNING id, ts",
                 &[],
             )
