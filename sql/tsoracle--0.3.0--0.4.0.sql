@@ -277,10 +277,7 @@ AS 'MODULE_PATHNAME', 'member_seq_wrapper';
 
 CREATE  FUNCTION tsoracle."member_next"(
 	"count" INT /* i32 */
-) RETURNS TABLE (
-	"first" bigint,  /* i64 */
-	"epoch" bigint  /* i64 */
-)
+) RETURNS bigint[] /* Vec < i64 > */
 STRICT VOLATILE PARALLEL UNSAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'member_next_wrapper';

@@ -25,6 +25,14 @@ pub fn floor_after(first: u64, total: u32) -> u64 {
     first.saturating_add(u64::from(total))
 }
 
+/// The oracle's answer to `tsoracle.member_next(n)` as text, `{first,epoch}` (a `bigint[]`
+/// of two): the first of the `n` values and the oracle's epoch. Anything else is `None`.
+pub fn parse_next_answer(text: &str) -> Option<(u64, u64)> {
+    let inner = text.strip_prefix('{')?.strip_suffix('}')?;
+    let (first, epoch) = inner.split_once(',')?;
+    Some((first.parse().ok()?, epoch.parse().ok()?))
+}
+
 /// The highest epoch of the oracle seen in answers.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct EpochGate {

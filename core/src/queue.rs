@@ -40,27 +40,29 @@ pub struct Ticket {
     pub generation: u64,
 }
 
-#[derive(Clone, Copy, Debug)]
+/// What the worker scans of an entry: its state, small and kept apart from the requests and
+/// replies (an [`EntryBody`] is kilobytes), so that looking for pending calls reads one
+/// contiguous array and not one page per backend.
+#[derive(Clone, Copy, Debug, Default)]
 #[repr(C)]
-pub struct Entry<R: Copy, P: Copy> {
+pub struct Entry {
     pub state: EntryState,
     pub generation: u64,
     len: usize,
-    requests: [R; MAX_REQUESTS],
-    replies: [P; MAX_REQUESTS],
     waiter: usize,
 }
 
-impl<R: Copy + Default, P: Copy + Default> Default for Entry<R, P> {
+/// The requests and replies of an entry's call.
+#[derive(Clone, Copy, Debug)]
+#[repr(C)]
+pub struct EntryBody<R: Copy, P: Copy> {
+    requests: [R; MAX_REQUESTS],
+    replies: [P; MAX_REQUESTS],
+}
+
+impl<R: Copy + Default, P: Copy + Default> Default for EntryBody<R, P> {
     fn default() -> Self {
-        Entry {
-            state: EntryState::Free,
-            generation: 0,
-            len: 0,
-            requests: [R::default(); MAX_REQUESTS],
-            replies: [P::default(); MAX_REQUESTS],
-            waiter: 0,
-        }
+        EntryBody { requests: [R::default(); MAX_REQUESTS], replies: [P::default(); MAX_REQUESTS] }
     }
 }
 
@@ -73,11 +75,20 @@ pub struct QueueHeader {
     /// Group commits the worker made for calls, and the requests they carried.
     pub group_commits: u64,
     pub grouped_requests: u64,
+    /// The worker will take the pending calls without being woken: a member's proxy with a
+    /// round trip in flight takes them as it lands. A caller that queues a call meanwhile
+    /// need not set the worker's latch (each wake-up costs both processes a system call).
+    pub worker_will_look: bool,
 }
 
 impl QueueHeader {
     pub const fn new() -> Self {
-        QueueHeader { next_generation: 1, group_commits: 0, grouped_requests: 0 }
+        QueueHeader {
+            next_generation: 1,
+            group_commits: 0,
+            grouped_requests: 0,
+            worker_will_look: false,
+        }
     }
 }
 
@@ -89,18 +100,26 @@ pub enum QueueError {
     BadLength { got: usize, max: usize },
 }
 
-/// The queue: a header and one entry per backend, borrowed from wherever they live.
+/// The queue: a header and one entry per backend (its state in `entries`, its call in
+/// `bodies`, at the same index), borrowed from wherever they live.
 pub struct Queue<'a, R: Copy, P: Copy> {
     pub header: &'a mut QueueHeader,
-    pub entries: &'a mut [Entry<R, P>],
+    pub entries: &'a mut [Entry],
+    bodies: &'a mut [EntryBody<R, P>],
 }
 
 impl<'a, R: Copy, P: Copy> Queue<'a, R, P> {
-    pub fn new(header: &'a mut QueueHeader, entries: &'a mut [Entry<R, P>]) -> Self {
-        Queue { header, entries }
+    /// `entries` and `bodies` are one per backend: the shorter length counts.
+    pub fn new(
+        header: &'a mut QueueHeader,
+        entries: &'a mut [Entry],
+        bodies: &'a mut [EntryBody<R, P>],
+    ) -> Self {
+        let len = entries.len().min(bodies.len());
+        Queue { header, entries: &mut entries[..len], bodies: &mut bodies[..len] }
     }
 
-    fn entry_mut(&mut self, ticket: Ticket) -> Option<&mut Entry<R, P>> {
+    fn entry_mut(&mut self, ticket: Ticket) -> Option<&mut Entry> {
         self.entries.get_mut(ticket.index).filter(|e| e.generation == ticket.generation)
     }
 
@@ -123,8 +142,8 @@ impl<'a, R: Copy, P: Copy> Queue<'a, R, P> {
         entry.state = EntryState::Pending;
         entry.generation = generation;
         entry.len = requests.len();
-        entry.requests[..requests.len()].copy_from_slice(requests);
         entry.waiter = waiter;
+        self.bodies[index].requests[..requests.len()].copy_from_slice(requests);
         Ok(Ticket { index, generation })
     }
 
@@ -142,7 +161,8 @@ impl<'a, R: Copy, P: Copy> Queue<'a, R, P> {
             return None;
         }
         entry.state = EntryState::Free;
-        Some(entry.replies[..entry.len].to_vec())
+        let len = entry.len;
+        Some(self.bodies[ticket.index].replies[..len].to_vec())
     }
 
     /// The caller gives up on its call. True if the worker had already taken it, i.e. its
@@ -160,7 +180,8 @@ impl<'a, R: Copy, P: Copy> Queue<'a, R, P> {
             }
             EntryState::Done => {
                 entry.state = EntryState::Free;
-                !entry.replies[..entry.len].iter().all(&is_unknown)
+                let len = entry.len;
+                !self.bodies[ticket.index].replies[..len].iter().all(&is_unknown)
             }
             EntryState::Free | EntryState::Abandoned => false,
         }
@@ -179,6 +200,7 @@ impl<'a, R: Copy, P: Copy> Queue<'a, R, P> {
 
     /// Worker: take every pending call, oldest first.
     pub fn take_pending(&mut self) -> Vec<(Ticket, Vec<R>)> {
+        let bodies = &*self.bodies;
         let mut taken: Vec<(Ticket, Vec<R>)> = self
             .entries
             .iter_mut()
@@ -186,7 +208,10 @@ impl<'a, R: Copy, P: Copy> Queue<'a, R, P> {
             .filter(|(_, e)| e.state == EntryState::Pending)
             .map(|(index, e)| {
                 e.state = EntryState::Taken;
-                (Ticket { index, generation: e.generation }, e.requests[..e.len].to_vec())
+                (
+                    Ticket { index, generation: e.generation },
+                    bodies[index].requests[..e.len].to_vec(),
+                )
             })
             .collect();
         taken.sort_by_key(|(t, _)| t.generation);
@@ -200,9 +225,10 @@ impl<'a, R: Copy, P: Copy> Queue<'a, R, P> {
         match entry.state {
             EntryState::Taken => {
                 let n = replies.len().min(entry.len);
-                entry.replies[..n].copy_from_slice(&replies[..n]);
                 entry.state = EntryState::Done;
-                Some(entry.waiter)
+                let waiter = entry.waiter;
+                self.bodies[ticket.index].replies[..n].copy_from_slice(&replies[..n]);
+                Some(waiter)
             }
             EntryState::Abandoned => {
                 entry.state = EntryState::Free;
@@ -213,14 +239,16 @@ impl<'a, R: Copy, P: Copy> Queue<'a, R, P> {
     }
 
     /// Worker start: calls a previous worker took may or may not be committed; answer each
-    /// with `unknown`. Returns the waiters to wake.
+    /// with `unknown`. Returns the waiters to wake. The new worker has nothing in flight:
+    /// callers wake it again.
     pub fn fail_taken(&mut self, unknown: P) -> Vec<usize> {
+        self.header.worker_will_look = false;
         let mut waiters = Vec::new();
-        for entry in self.entries.iter_mut() {
+        for (entry, body) in self.entries.iter_mut().zip(self.bodies.iter_mut()) {
             match entry.state {
                 EntryState::Taken => {
                     let len = entry.len;
-                    entry.replies[..len].fill(unknown);
+                    body.replies[..len].fill(unknown);
                     entry.state = EntryState::Done;
                     waiters.push(entry.waiter);
                 }
@@ -241,16 +269,16 @@ impl<'a, R: Copy, P: Copy> Queue<'a, R, P> {
 mod tests {
     use super::*;
 
-    type E = Entry<u32, i64>;
+    type B = EntryBody<u32, i64>;
 
-    fn queue(n: usize) -> (QueueHeader, Vec<E>) {
-        (QueueHeader::new(), vec![E::default(); n])
+    fn queue(n: usize) -> (QueueHeader, Vec<Entry>, Vec<B>) {
+        (QueueHeader::new(), vec![Entry::default(); n], vec![B::default(); n])
     }
 
     #[test]
     fn a_call_goes_round() {
-        let (mut h, mut e) = queue(4);
-        let mut q = Queue::new(&mut h, &mut e);
+        let (mut h, mut e, mut b) = queue(4);
+        let mut q = Queue::new(&mut h, &mut e, &mut b);
         let t = q.submit(2, &[7, 8], 99).unwrap();
         assert_eq!(q.state(t), Some(EntryState::Pending));
         let taken = q.take_pending();
@@ -264,8 +292,8 @@ mod tests {
 
     #[test]
     fn bad_calls_are_refused() {
-        let (mut h, mut e) = queue(2);
-        let mut q = Queue::new(&mut h, &mut e);
+        let (mut h, mut e, mut b) = queue(2);
+        let mut q = Queue::new(&mut h, &mut e, &mut b);
         assert_eq!(q.submit(2, &[1], 0), Err(QueueError::NoSuchEntry { index: 2, len: 2 }));
         assert_eq!(q.submit(0, &[], 0), Err(QueueError::BadLength { got: 0, max: MAX_REQUESTS }));
         assert_eq!(
@@ -276,8 +304,8 @@ mod tests {
 
     #[test]
     fn a_late_answer_never_reaches_the_next_user_of_the_entry() {
-        let (mut h, mut e) = queue(1);
-        let mut q = Queue::new(&mut h, &mut e);
+        let (mut h, mut e, mut b) = queue(1);
+        let mut q = Queue::new(&mut h, &mut e, &mut b);
         let old = q.submit(0, &[1], 10).unwrap();
         assert_eq!(q.take_pending().len(), 1);
         // The caller's backend exits; the next backend on the same PGPROC submits.
@@ -292,8 +320,8 @@ mod tests {
 
     #[test]
     fn abandoning_says_whether_the_effect_may_be_durable() {
-        let (mut h, mut e) = queue(1);
-        let mut q = Queue::new(&mut h, &mut e);
+        let (mut h, mut e, mut b) = queue(1);
+        let mut q = Queue::new(&mut h, &mut e, &mut b);
         let unknown = |p: &i64| *p == -1;
         let t = q.submit(0, &[1], 0).unwrap();
         assert!(!q.abandon(t, unknown), "pending: nothing happened");

@@ -1,7 +1,7 @@
 //! Properties of a member's proxy arithmetic (`tsoracle_core::member`).
 
 use proptest::prelude::*;
-use tsoracle_core::member::{floor_after, split, EpochGate};
+use tsoracle_core::member::{floor_after, parse_next_answer, split, EpochGate};
 
 proptest! {
     /// The calls' ranges are disjoint, in order, tile the answer exactly, and all lie below
@@ -17,6 +17,21 @@ proptest! {
         }
         let end = starts[starts.len() - 1] + u64::from(counts[counts.len() - 1]);
         prop_assert_eq!(end, floor_after(first, total));
+    }
+
+    /// An answer of `tsoracle.member_next` reads back as what the oracle sent; any other text
+    /// is refused, never read as a value.
+    #[test]
+    fn a_next_answer_reads_back_and_nothing_else_does(first: u64, epoch: u64, junk in "[ -~]{0,24}") {
+        prop_assert_eq!(parse_next_answer(&format!("{{{first},{epoch}}}")), Some((first, epoch)));
+        let well_formed = junk.strip_prefix('{').and_then(|j| j.strip_suffix('}')).and_then(|j| {
+            let (a, b) = j.split_once(',')?;
+            Some((a.parse::<u64>().ok()?, b.parse::<u64>().ok()?))
+        });
+        prop_assert_eq!(parse_next_answer(&junk), well_formed);
+        for bad in ["", "{}", "{1}", "{1,2,3}", "{-1,2}", "1,2", "{1,2", "{ 1,2}", "{NULL,2}"] {
+            prop_assert_eq!(parse_next_answer(bad), None, "{}", bad);
+        }
     }
 
     /// Once an epoch is seen, no older one is ever accepted, whatever comes in between.

@@ -5,7 +5,7 @@
 use std::collections::{HashMap, HashSet};
 
 use proptest::prelude::*;
-use tsoracle_core::queue::{Entry, EntryState, Queue, QueueHeader, Ticket};
+use tsoracle_core::queue::{Entry, EntryBody, EntryState, Queue, QueueHeader, Ticket};
 
 const BACKENDS: usize = 4;
 
@@ -36,8 +36,9 @@ proptest! {
     #[test]
     fn callers_get_their_own_answers(ops in proptest::collection::vec(op(), 1..200)) {
         let mut header = QueueHeader::new();
-        let mut entries = vec![Entry::<u64, u64>::default(); BACKENDS];
-        let mut q = Queue::new(&mut header, &mut entries);
+        let mut entries = vec![Entry::default(); BACKENDS];
+        let mut bodies = vec![EntryBody::<u64, u64>::default(); BACKENDS];
+        let mut q = Queue::new(&mut header, &mut entries, &mut bodies);
         // What each backend is waiting for: its ticket and the request values it sent.
         let mut waiting: HashMap<usize, (Ticket, Vec<u64>)> = HashMap::new();
         let mut in_flight: Vec<(Ticket, Vec<u64>)> = Vec::new();

@@ -63,24 +63,37 @@ pub fn submit(requests: &[Request]) -> Result<Vec<Reply>, TsoError> {
     // SAFETY: plain reads of backend globals, set for every backend that runs SQL.
     let (role, waiter) = unsafe { (pg_sys::GetUserId().to_u32(), pg_sys::MyLatch as usize) };
     let requests: Vec<Request> = requests.iter().map(|r| Request { role, ..*r }).collect();
-    let ticket = QUEUE
-        .exclusive()?
-        .queue()
-        .submit(my_queue_index(), &requests, waiter)
-        .map_err(|e| TsoError::Internal(e.to_string()))?;
-    signals.wake_worker();
+    let (ticket, will_look) = {
+        let mut guard = QUEUE.exclusive()?;
+        let mut queue = guard.queue();
+        let ticket = queue
+            .submit(my_queue_index(), &requests, waiter)
+            .map_err(|e| TsoError::Internal(e.to_string()))?;
+        (ticket, queue.header.worker_will_look)
+    };
+    // A worker that takes the queue again by itself (a proxy whose round trip is in flight)
+    // needs no wake-up: it read the flag under the lock it takes the calls under.
+    if !will_look {
+        signals.wake_worker();
+    }
 
     let mut pending = PendingCall { ticket, answered: false };
+    let mut looks = 0u32;
     let replies = wait_on_latch(|| {
+        looks += 1;
         {
-            // Look under a shared lock, and poke the worker only while it has not taken the
-            // call yet (it may have been between lives when we queued it).
+            // Look under a shared lock, and poke the worker again, after a wait, only while
+            // it has not taken the call yet (it may have been between lives when we queued
+            // it).
             let queue = QUEUE.share()?;
             match queue.state(ticket) {
                 Some(EntryState::Done) => {}
                 Some(EntryState::Pending) => {
+                    let poke = looks > 1 && !queue.header().worker_will_look;
                     drop(queue);
-                    signals.wake_worker();
+                    if poke {
+                        signals.wake_worker();
+                    }
                     return Ok(None);
                 }
                 _ => return Ok(None),

@@ -10,6 +10,7 @@
 //! | `tuple_desc_attr`  | `desc->attrs[i]`        | `desc->attrs[i]`        | `TupleDescAttr(desc, i)`   |
 //! | `index_covers`     | `INDEX_ATTR_BITMAP_ALL` (15); 16: `HOT_BLOCKING` ∪ `SUMMARIZED` | same as 16 | same as 16 |
 //! | `has_generated_columns` | `has_generated_stored` | same            | `… \|\| has_generated_virtual` |
+//! | `create_wait_event_set` | `(TopMemoryContext, n)` | `(NULL resource owner, n)` | same as 17 |
 
 use pgrx::pg_sys;
 
@@ -160,4 +161,27 @@ pub unsafe fn has_generated_columns(desc: pg_sys::TupleDesc) -> bool {
         let constr = (*desc).constr;
         !constr.is_null() && ((*constr).has_generated_stored || (*constr).has_generated_virtual)
     }
+}
+
+/// A new wait event set for `nevents` events, for the process's life (until
+/// `FreeWaitEventSet`): allocated in `TopMemoryContext`.
+///
+/// # Safety
+/// Called in a process with a `TopMemoryContext` (any backend or worker); the caller frees
+/// the set with `FreeWaitEventSet`.
+#[cfg(any(feature = "pg15", feature = "pg16"))]
+pub unsafe fn create_wait_event_set(nevents: i32) -> *mut pg_sys::WaitEventSet {
+    // SAFETY: TopMemoryContext lives as long as the process; the caller frees the set.
+    unsafe { pg_sys::CreateWaitEventSet(pg_sys::TopMemoryContext, nevents) }
+}
+
+/// A new wait event set for `nevents` events (PostgreSQL 17 ties a set to a resource owner
+/// instead of a memory context; with none, it lives until `FreeWaitEventSet`).
+///
+/// # Safety
+/// As for 15 and 16: the caller frees the set with `FreeWaitEventSet`.
+#[cfg(any(feature = "pg17", feature = "pg18"))]
+pub unsafe fn create_wait_event_set(nevents: i32) -> *mut pg_sys::WaitEventSet {
+    // SAFETY: no resource owner: allocated in TopMemoryContext, freed by the caller.
+    unsafe { pg_sys::CreateWaitEventSet(std::ptr::null_mut(), nevents) }
 }

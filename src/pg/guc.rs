@@ -248,7 +248,12 @@ pub fn oracle() -> Option<String> {
 /// This cluster is a member of a fleet: its timestamps, blocks and leases come from the
 /// oracle `tsoracle.oracle` names.
 pub fn is_member() -> bool {
-    ORACLE.get().is_some_and(|c| !c.to_bytes().iter().all(u8::is_ascii_whitespace))
+    // Read once per process: a postmaster setting cannot change while the server runs, and
+    // every call of a member asks (reading a string setting copies it).
+    static MEMBER: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *MEMBER.get_or_init(|| {
+        ORACLE.get().is_some_and(|c| !c.to_bytes().iter().all(u8::is_ascii_whitespace))
+    })
 }
 
 pub fn window_ahead_ms() -> u64 {

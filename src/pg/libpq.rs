@@ -174,6 +174,62 @@ impl Conn {
 
     /// Queue `sql` with text parameters, then a sync point: its own implicit transaction.
     pub fn send(&mut self, sql: &CStr, params: &[String]) -> Result<(), LibpqError> {
+        let raw = self.raw;
+        self.queue_with(params, |n, values| {
+            // SAFETY: our connection; `values` holds `n` NUL-terminated strings alive for the
+            // call; NULL types, lengths and formats mean text parameters and a text result.
+            unsafe {
+                pq::PQsendQueryParams(
+                    raw,
+                    sql.as_ptr(),
+                    n,
+                    std::ptr::null(),
+                    values,
+                    std::ptr::null(),
+                    std::ptr::null(),
+                    0,
+                ) == 1
+            }
+        })
+    }
+
+    /// Queue the preparation of `sql` as the statement `name` (the casts in `sql` give its
+    /// parameters' types), then a sync point: parsed and planned once per connection.
+    pub fn send_prepare(&mut self, name: &CStr, sql: &CStr) -> Result<(), LibpqError> {
+        let raw = self.raw;
+        self.queue_with(&[], |_, _| {
+            // SAFETY: our connection; NUL-terminated name and text; no parameter types given.
+            unsafe { pq::PQsendPrepare(raw, name.as_ptr(), sql.as_ptr(), 0, std::ptr::null()) == 1 }
+        })
+    }
+
+    /// Queue the statement `name` prepared by [`Conn::send_prepare`] with text parameters,
+    /// then a sync point.
+    pub fn send_prepared(&mut self, name: &CStr, params: &[String]) -> Result<(), LibpqError> {
+        let raw = self.raw;
+        self.queue_with(params, |n, values| {
+            // SAFETY: our connection; `values` holds `n` NUL-terminated strings alive for the
+            // call; NULL lengths and formats mean text parameters and a text result.
+            unsafe {
+                pq::PQsendQueryPrepared(
+                    raw,
+                    name.as_ptr(),
+                    n,
+                    values,
+                    std::ptr::null(),
+                    std::ptr::null(),
+                    0,
+                ) == 1
+            }
+        })
+    }
+
+    /// `params` as C strings to `queue` (their count and array), then a sync point.
+    fn queue_with(
+        &mut self,
+        params: &[String],
+        queue: impl FnOnce(c_int, *const *const c_char) -> bool,
+    ) -> Result<(), LibpqError> {
         let owned: Vec<CString> = params
             .iter()
             .map(|p| CString::new(p.as_str()))
@@ -182,22 +238,8 @@ impl Conn {
         let ptrs: Vec<*const c_char> = owned.iter().map(|p| p.as_ptr()).collect();
         let n = c_int::try_from(ptrs.len())
             .map_err(|_| LibpqError::Connection("too many parameters".into()))?;
-        // SAFETY: our connection; `ptrs` holds `n` NUL-terminated strings alive for the call;
-        // NULL types, lengths and formats mean text parameters and a text result.
-        let sent = unsafe {
-            pq::PQsendQueryParams(
-                self.raw,
-                sql.as_ptr(),
-                n,
-                std::ptr::null(),
-                ptrs.as_ptr(),
-                std::ptr::null(),
-                std::ptr::null(),
-                0,
-            ) == 1
-                && pq::PQpipelineSync(self.raw) == 1
-        };
-        if sent {
+        // SAFETY: our connection (PQpipelineSync only after the query was queued).
+        if queue(n, ptrs.as_ptr()) && unsafe { pq::PQpipelineSync(self.raw) } == 1 {
             Ok(())
         } else {
             Err(LibpqError::Connection(self.error()))

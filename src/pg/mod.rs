@@ -6,7 +6,8 @@
 //! PostgreSQL 15 and 18 (`compat`), the errors raised to SQL with their SQLSTATE and HINT
 //! (`error`), standby and synchronous-replication helpers (`replica`), catalog lookups of the
 //! extension's own objects (`catalog`), a client connection to another server (`libpq`, for
-//! a member and its oracle), and the `#[pg_test]` helpers (`testing`).
+//! a member and its oracle) and a wait on the latch and its socket kept between waits
+//! (`wait_set`), and the `#[pg_test]` helpers (`testing`).
 //!
 //! May use: pgrx, `tsoracle-core`, the standard library. Nothing in `sql`, `caller`,
 //! `shmem` or `worker`.
@@ -20,6 +21,7 @@ pub mod inplace;
 pub mod libpq;
 pub mod locks;
 pub mod replica;
+pub mod wait_set;
 pub mod xact;
 
 #[cfg(any(test, feature = "pg_test"))]

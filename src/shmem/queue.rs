@@ -7,7 +7,7 @@ use pgrx::pg_sys;
 use pgrx::shmem::{PGRXSharedMemory, PgSharedMemoryInitialization};
 use std::cell::UnsafeCell;
 use std::ffi::CStr;
-use tsoracle_core::queue::{self, EntryState, Queue, QueueHeader, Ticket};
+use tsoracle_core::queue::{self, Entry, EntryState, Queue, QueueHeader, Ticket};
 
 /// Longest key or lease holder name, in bytes.
 pub const NAME_BYTES: usize = 128;
@@ -159,13 +159,15 @@ impl Reply {
     }
 }
 
-pub type Entry = queue::Entry<Request, Reply>;
+pub type EntryBody = queue::EntryBody<Request, Reply>;
 
 /// Where the request queue lives: a header and one entry per backend (`MaxBackends`
-/// entries, indexed by PGPROC number), sized when the server starts, under one LWLock.
+/// entries, indexed by PGPROC number; their states in one array, their calls in another),
+/// sized when the server starts, under one LWLock.
 struct QueueBlock {
     header: *mut QueueHeader,
     entries: *mut Entry,
+    bodies: *mut EntryBody,
     len: usize,
     lock: *mut pg_sys::LWLock,
 }
@@ -200,6 +202,8 @@ impl SharedQueue {
         std::mem::size_of::<QueueHeader>()
             + std::mem::align_of::<Entry>()
             + len * std::mem::size_of::<Entry>()
+            + std::mem::align_of::<EntryBody>()
+            + len * std::mem::size_of::<EntryBody>()
     }
 
     fn block(&self) -> Option<&QueueBlock> {
@@ -241,6 +245,7 @@ impl QueueGuard<'_> {
             Queue::new(
                 &mut *self.block.header,
                 std::slice::from_raw_parts_mut(self.block.entries, self.block.len),
+                std::slice::from_raw_parts_mut(self.block.bodies, self.block.len),
             )
         }
     }
@@ -290,7 +295,8 @@ impl PgSharedMemoryInitialization for SharedQueue {
         // SAFETY: called from shmem_startup_hook in every process that attaches, under
         // AddinShmemInitLock (MainLWLockArray[21]: a macro in lwlock.h, so no binding); the
         // first one initialises the block, the others find it. ShmemInitStruct returns at
-        // least the size requested above; entries are placed at their alignment inside it.
+        // least the size requested above; the entries, then their bodies, are placed at their
+        // alignment inside it.
         unsafe {
             let init_lock = &raw mut (*pg_sys::MainLWLockArray.add(21)).lock;
             pg_sys::LWLockAcquire(init_lock, pg_sys::LWLockMode::LW_EXCLUSIVE);
@@ -302,14 +308,19 @@ impl PgSharedMemoryInitialization for SharedQueue {
             let after = raw.add(std::mem::size_of::<QueueHeader>());
             let entries =
                 after.add(after.align_offset(std::mem::align_of::<Entry>())).cast::<Entry>();
+            let after = entries.add(len).cast::<u8>();
+            let bodies = after
+                .add(after.align_offset(std::mem::align_of::<EntryBody>()))
+                .cast::<EntryBody>();
             if !found {
                 header.write(QueueHeader::new());
                 for i in 0..len {
                     entries.add(i).write(Entry::default());
+                    bodies.add(i).write(EntryBody::default());
                 }
             }
             let lock = &raw mut (*pg_sys::GetNamedLWLockTranche(self.name.as_ptr())).lock;
-            *self.block.get() = Some(QueueBlock { header, entries, len, lock });
+            *self.block.get() = Some(QueueBlock { header, entries, bodies, len, lock });
             pg_sys::LWLockRelease(init_lock);
         }
     }

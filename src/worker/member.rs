@@ -21,6 +21,7 @@ use super::state::{refuse, set_phase, Worker};
 use crate::pg::clock;
 use crate::pg::guc;
 use crate::pg::libpq::{checked_conninfo, Conn, Event, LibpqError, PgResult, Progress};
+use crate::pg::wait_set::SocketWait;
 use crate::shmem::holders::HOLDERS;
 use crate::shmem::member::{Text, MEMBER};
 use crate::shmem::{
@@ -33,7 +34,7 @@ use std::ffi::CStr;
 use std::time::{Duration, Instant};
 use tsoracle_core::allocator::MAX_BATCH;
 use tsoracle_core::lease::{LeaseTable, PublishedBound, PublishedBounds};
-use tsoracle_core::member::{floor_after, EpochGate};
+use tsoracle_core::member::{floor_after, parse_next_answer, EpochGate};
 use tsoracle_core::queue::Ticket;
 
 /// Round trips in flight at once on the connection.
@@ -44,11 +45,16 @@ const RETRY_PAUSE: Duration = Duration::from_millis(20);
 
 const HELLO: &CStr = c"SELECT system_id, version, epoch FROM tsoracle.member_hello($1::pg_catalog.int8, $2::pg_catalog.text, $3::pg_catalog.int8)";
 const REPORT: &CStr = c"SELECT tsoracle.member_report($1::pg_catalog.int8, $2::pg_catalog.int4)";
-const NEXT: &CStr = c"SELECT first, epoch FROM tsoracle.member_next($1::pg_catalog.int4)";
+const NEXT: &CStr = c"SELECT tsoracle.member_next($1::pg_catalog.int4)";
+/// `NEXT`, prepared once per connection right after the hello: the oracle's backend then only
+/// executes it, with no parsing or planning per round trip.
+const NEXT_PREPARED: &CStr = c"tsoracle_member_next";
 
 /// What one round trip carries.
 pub(super) enum Flight {
     Hello,
+    /// The preparation of `NEXT`, queued behind the hello.
+    Prepare,
     /// Values for the resolved timestamp of an idle member (`member_floor`), handed to no one.
     Heartbeat,
     /// This member's resolved timestamp, for the fleet's (`tsoracle.member_report`).
@@ -86,11 +92,13 @@ enum Link {
         want: Progress,
         started: Instant,
     },
-    /// Connected; `ready` once the oracle answered the hello.
+    /// Connected; `ready` once the oracle answered the hello. `waits` waits on the latch and
+    /// the connection's socket (which stays the same while connected).
     Up {
         conn: Conn,
         ready: bool,
         flushed: bool,
+        waits: SocketWait,
     },
 }
 
@@ -113,6 +121,8 @@ pub(super) struct Proxy {
     /// Lease grants and renewals in flight: while any is, the worker's own holder slot holds
     /// `R` below what their lowest stamps will be.
     granting: usize,
+    /// The last wait found the connection's socket ready.
+    socket_ready: bool,
 }
 
 /// `tsoracle.oracle` as libpq reads it, with any password hidden; a connection string libpq
@@ -158,6 +168,7 @@ pub(super) fn run(signals: &'static Signals, conninfo: String, shown: String) {
         pause_until: None,
         grants: Vec::new(),
         granting: 0,
+        socket_ready: true,
     };
     set_phase(signals, Phase::Starting);
     loop {
@@ -182,6 +193,13 @@ impl Proxy {
         } else {
             RETRY_PAUSE.as_millis() as i64
         };
+        if let Link::Up { flushed, waits, .. } = &mut self.link {
+            let events = if *flushed { 0 } else { pg_sys::WL_SOCKET_WRITEABLE };
+            self.socket_ready = waits.wait(events, tick).socket;
+            // SAFETY: this process's own latch; reset before anything is looked at again.
+            unsafe { pg_sys::ResetLatch(pg_sys::MyLatch) };
+            return self.after_wait();
+        }
         let (socket, events, timeout) = match &self.link {
             Link::Down(at) => {
                 let left = at.saturating_duration_since(Instant::now()).as_millis() as i64;
@@ -196,11 +214,7 @@ impl Proxy {
                 },
                 tick,
             ),
-            Link::Up { conn, flushed, .. } => (
-                conn.socket(),
-                pg_sys::WL_SOCKET_READABLE | if *flushed { 0 } else { pg_sys::WL_SOCKET_WRITEABLE },
-                tick,
-            ),
+            Link::Up { .. } => return,
         };
         let events = if socket >= 0 { events } else { 0 };
         // SAFETY: waiting on this process's own latch (and on the connection's socket, open
@@ -217,6 +231,11 @@ impl Proxy {
             );
             pg_sys::ResetLatch(pg_sys::MyLatch);
         }
+        self.after_wait();
+    }
+
+    /// After any wait: interrupts, and a reload of the configuration if asked.
+    fn after_wait(&self) {
         pg_sys::check_for_interrupts!();
         if BackgroundWorker::sighup_received() {
             // SAFETY: reloading the configuration from the worker's main loop, outside any
@@ -248,8 +267,8 @@ impl Proxy {
                     Err(e) => self.down(&format!("cannot connect to the oracle: {e}")),
                 }
             }
-            Link::Up { conn, ready, .. } => {
-                self.link = Link::Up { conn, ready, flushed: true };
+            Link::Up { conn, ready, waits, .. } => {
+                self.link = Link::Up { conn, ready, flushed: true, waits };
                 if let Err(e) = self.serve() {
                     self.broken(&e.to_string());
                 }
@@ -274,8 +293,14 @@ impl Proxy {
         )?;
         MEMBER.exclusive().oracle_pid = conn.backend_pid();
         self.sent.push_back(Sent { flight: Flight::Hello, at: Instant::now(), result: None });
+        // Behind the hello in the pipeline: a refused hello is the error reported; calls are
+        // sent only once the hello answered, so after this.
+        conn.send_prepare(NEXT_PREPARED, NEXT)?;
+        self.sent.push_back(Sent { flight: Flight::Prepare, at: Instant::now(), result: None });
         let flushed = conn.flush()?;
-        self.link = Link::Up { conn, ready: false, flushed };
+        let waits = SocketWait::new(conn.socket());
+        self.link = Link::Up { conn, ready: false, flushed, waits };
+        self.socket_ready = true;
         Ok(())
     }
 
@@ -283,7 +308,11 @@ impl Proxy {
     /// waits.
     fn serve(&mut self) -> Result<(), LibpqError> {
         let Link::Up { conn, .. } = &mut self.link else { return Ok(()) };
-        conn.consume()?;
+        // Only what the socket has: woken by the latch alone, there is nothing to read (a
+        // system call saved on every call a caller queues).
+        if std::mem::take(&mut self.socket_ready) {
+            conn.consume()?;
+        }
         // Results come per round trip: the query's result, the end of its results, its sync
         // point. With nothing in flight (or only the end of results again) there is nothing
         // more to read: libpq answers "no result" without end in pipeline mode.
@@ -339,23 +368,24 @@ impl Proxy {
         }
         let mut calls: Vec<Waiting> = std::mem::take(&mut self.waiting);
         let now = Instant::now();
-        if let Ok(mut queue) = QUEUE.exclusive() {
-            calls.extend(
-                queue.queue().take_pending().into_iter().map(|(ticket, requests)| Waiting {
-                    ticket,
-                    requests,
-                    since: now,
-                }),
-            );
+        if let Ok(mut guard) = QUEUE.exclusive() {
+            let mut queue = guard.queue();
+            calls.extend(queue.take_pending().into_iter().map(|(ticket, requests)| Waiting {
+                ticket,
+                requests,
+                since: now,
+            }));
+            // With a round trip in flight after this turn, the calls queued from now on are
+            // taken as it lands: their callers need not wake this process.
+            queue.header.worker_will_look = !self.sent.is_empty()
+                || calls.iter().any(|w| is_next(w) || call_statement(&w.requests).is_some());
         }
-        let (nexts, others): (Vec<Waiting>, Vec<Waiting>) = calls
-            .into_iter()
-            .partition(|w| w.requests.len() == 1 && w.requests[0].kind == RequestKind::Next);
-        let Link::Up { conn, .. } = &mut self.link else {
+        let (nexts, others): (Vec<Waiting>, Vec<Waiting>) = calls.into_iter().partition(is_next);
+        if !matches!(self.link, Link::Up { .. }) {
             self.waiting.extend(nexts);
             self.waiting.extend(others);
             return Ok(());
-        };
+        }
         // The tso_next() calls: one round trip for as many as MAX_BATCH values hold.
         let mut group: Vec<(Ticket, u32)> = Vec::new();
         let mut total: u32 = 0;
@@ -372,38 +402,61 @@ impl Proxy {
         if !group.is_empty() {
             flights.push(Flight::Next { calls: group, total });
         }
+        // A call whose statement could not be queued (the connection broke) was not sent: it
+        // waits here for the next connection, blocks and leases included.
+        let mut failed: Option<LibpqError> = None;
         for flight in flights {
-            let Flight::Next { total, .. } = &flight else { continue };
-            conn.send(NEXT, &[total.to_string()])?;
-            self.sent.push_back(Sent { flight, at: Instant::now(), result: None });
-            self.last_next = Instant::now();
-        }
-        for w in others {
-            match call_statement(&w.requests) {
-                Some((sql, params)) => {
-                    if grants_lease(&w.requests) {
-                        self.granting += 1;
-                        if self.granting == 1 {
-                            hold_for_grants(self.signals);
-                        }
+            let Flight::Next { total, calls } = flight else { continue };
+            if failed.is_none() {
+                match self
+                    .queue_statement(|conn| conn.send_prepared(NEXT_PREPARED, &[total.to_string()]))
+                {
+                    Ok(()) => {
+                        let flight = Flight::Next { calls, total };
+                        self.sent.push_back(Sent { flight, at: Instant::now(), result: None });
+                        self.last_next = Instant::now();
+                        continue;
                     }
-                    conn.send(sql, &params)?;
-                    self.sent.push_back(Sent {
-                        flight: Flight::Call { ticket: w.ticket, requests: w.requests },
-                        at: Instant::now(),
-                        result: None,
-                    });
-                }
-                None => {
-                    answer(&[(w.ticket, vec![Reply::err(ReplyCode::Refused); w.requests.len()])])
+                    Err(e) => failed = Some(e),
                 }
             }
+            self.retry_next(calls);
         }
+        for w in others {
+            let Some((sql, params)) = call_statement(&w.requests) else {
+                answer(&[(w.ticket, vec![Reply::err(ReplyCode::Refused); w.requests.len()])]);
+                continue;
+            };
+            if failed.is_none() {
+                match self.queue_statement(|conn| conn.send(sql, &params)) {
+                    Ok(()) => {
+                        if grants_lease(&w.requests) {
+                            self.granting += 1;
+                            if self.granting == 1 {
+                                hold_for_grants(self.signals);
+                            }
+                        }
+                        self.sent.push_back(Sent {
+                            flight: Flight::Call { ticket: w.ticket, requests: w.requests },
+                            at: Instant::now(),
+                            result: None,
+                        });
+                        continue;
+                    }
+                    Err(e) => failed = Some(e),
+                }
+            }
+            self.waiting.push(w);
+        }
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        let Link::Up { conn, .. } = &mut self.link else { return Ok(()) };
         // An idle member still moves its resolved timestamp: a value now and then.
         if self.sent.is_empty()
             && self.last_next.elapsed().as_millis() as u64 >= guc::resolved_interval_ms()
         {
-            conn.send(NEXT, &["1".to_string()])?;
+            conn.send_prepared(NEXT_PREPARED, &["1".to_string()])?;
             self.sent.push_back(Sent {
                 flight: Flight::Heartbeat,
                 at: Instant::now(),
@@ -429,6 +482,17 @@ impl Proxy {
         Ok(())
     }
 
+    /// Queue one statement on the live connection.
+    fn queue_statement(
+        &mut self,
+        send: impl FnOnce(&mut Conn) -> Result<(), LibpqError>,
+    ) -> Result<(), LibpqError> {
+        match &mut self.link {
+            Link::Up { conn, .. } => send(conn),
+            _ => Err(LibpqError::Connection("not connected to the oracle".into())),
+        }
+    }
+
     /// A round trip came back: answer its calls. `Err` when the answer must not be trusted.
     fn complete(&mut self, done: Sent) -> Result<(), String> {
         let took = done.at.elapsed();
@@ -449,6 +513,13 @@ impl Proxy {
                 }
                 Ok(())
             }
+            Flight::Prepare => match rows {
+                Ok(_) => Ok(()),
+                Err(e) => Err(format!(
+                    "the oracle cannot prepare tsoracle.member_next: {} ({})",
+                    e.message, e.sqlstate
+                )),
+            },
             Flight::Heartbeat => {
                 if let Ok(rows) = rows {
                     let (first, epoch) = first_and_epoch(&rows)?;
@@ -748,6 +819,10 @@ impl Proxy {
     /// Could not connect: try again after a back-off.
     fn down(&mut self, why: &str) {
         self.note(why);
+        // Nothing in flight any more: callers wake this process again.
+        if let Ok(mut guard) = QUEUE.exclusive() {
+            guard.queue().header.worker_will_look = false;
+        }
         MEMBER.exclusive().connected = false;
         MEMBER.exclusive().oracle_pid = 0;
         set_phase(self.signals, Phase::Starting);
@@ -785,11 +860,16 @@ impl Proxy {
                         lost.push((ticket, vec![Reply::err(ReplyCode::Lost); requests.len()]));
                     }
                 }
-                Flight::Hello | Flight::Heartbeat | Flight::Report => {}
+                Flight::Hello | Flight::Prepare | Flight::Heartbeat | Flight::Report => {}
             }
         }
         answer(&lost);
     }
+}
+
+/// A `tso_next()`-like call: coalesced with the others into one `tsoracle.member_next`.
+fn is_next(w: &Waiting) -> bool {
+    w.requests.len() == 1 && w.requests[0].kind == RequestKind::Next
 }
 
 /// A call that grants or renews a lease.
@@ -821,14 +901,12 @@ fn remote(ticket: Ticket) -> Reply {
 
 fn first_and_epoch(rows: &[Vec<Option<String>>]) -> Result<(u64, u64), String> {
     let row = rows.first().ok_or("the oracle answered no row")?;
-    let num = |i: usize| {
-        row.get(i)
-            .cloned()
-            .flatten()
-            .and_then(|v| v.parse::<u64>().ok())
-            .ok_or_else(|| format!("the oracle answered a malformed row: {row:?}"))
-    };
-    Ok((num(0)?, num(1)?))
+    row.first()
+        .cloned()
+        .flatten()
+        .as_deref()
+        .and_then(parse_next_answer)
+        .ok_or_else(|| format!("the oracle answered a malformed row: {row:?}"))
 }
 
 /// Hand the replies to their callers and wake them.
