@@ -18,7 +18,9 @@
 # BENCH_UPDATE_ROWS (rows of the UPDATE tables, default 100000),
 # BENCH_COPY_ROWS (rows per COPY, default 1000000), BENCH_COPY_REPS (default 5),
 # BENCH_CEIL_CLIENTS (tso_seq against one-row INSERT commits, one key and from 8 clients up
-# eight keys, default "1 2 4 8 32 128"; empty skips it), BENCH_CEIL_REPS (default 5),
+# eight keys, default "1 2 4 8 32 128"; empty skips it), BENCH_CEIL_REPS (default 9),
+# BENCH_CEIL_ONE_REPS and BENCH_CEIL_ONE_SECONDS (its one-client row: 15 pairs of 3 s runs, as
+# one client's rate follows the virtual disk's flush, which drifts by 15 % from run to run),
 # BENCH_MEMBER_CLIENTS (a member of a fleet: its tso_next() against its SELECT 1 and the
 # oracle's tso_next(), default "1 8 32 128"; empty skips it),
 # BENCH_ONLY (run only these sections, e.g. "throughput writes": throughput, resolved, percall,
@@ -83,7 +85,9 @@ COPY_ROWS=${BENCH_COPY_ROWS:-1000000}
 COPY_REPS=${BENCH_COPY_REPS:-5}
 CURVE_CLIENTS=${BENCH_CURVE_CLIENTS-"1 2 4 8 16 32 64 128 256"}
 CEIL_CLIENTS=${BENCH_CEIL_CLIENTS-"1 2 4 8 32 128"}
-CEIL_REPS=${BENCH_CEIL_REPS:-5}
+CEIL_REPS=${BENCH_CEIL_REPS:-9}
+CEIL_ONE_REPS=${BENCH_CEIL_ONE_REPS:-15}
+CEIL_ONE_SECS=${BENCH_CEIL_ONE_SECONDS:-3}
 MEMBER_CLIENTS=${BENCH_MEMBER_CLIENTS-"1 8 32 128"}
 ONLY=${BENCH_ONLY:-}
 # want SECTION: run this section (all of them unless BENCH_ONLY names some).
@@ -482,10 +486,14 @@ if [ "$SEQ_OK" = 1 ] && [ -n "$CEIL_CLIENTS" ]; then
         # Several keys at once (8 keys, each call one at random) from 8 clients up.
         keys=""
         [ "$c" -ge 8 ] && keys=tso_seq_keys
-        for r in $(seq 1 "$CEIL_REPS"); do
+        # One client: many short pairs, so that the median of their ratios does not move
+        # with the disk's drift (each pair runs back to back, the order alternating).
+        reps=$CEIL_REPS
+        [ "$c" = 1 ] && reps=$CEIL_ONE_REPS
+        for r in $(seq 1 "$reps"); do
             for w in $(rotated "$r" tso_seq ins_commit $keys); do
                 if [ "$c" = 1 ]; then
-                    run_pgbench "ceil_$w" "$w" "$c" "$r" -l --log-prefix="$RUNS/txlog.ceil_$w.c$c.r$r"
+                    RUN_SECS=$CEIL_ONE_SECS run_pgbench "ceil_$w" "$w" "$c" "$r" -l --log-prefix="$RUNS/txlog.ceil_$w.c$c.r$r"
                     rec lat "ceil_$w" "$c" "$r" "$RUNS/txlog.ceil_$w.c$c.r$r"
                 else
                     run_pgbench "ceil_$w" "$w" "$c" "$r"
