@@ -54,11 +54,11 @@ impl SocketWait {
                 std::ptr::null_mut(),
                 std::ptr::null_mut(),
             );
-            SocketWait {
-                set: NonNull::new(set).expect("CreateWaitEventSet returns a set or raises"),
-                socket_pos,
-                events,
-            }
+            // CreateWaitEventSet allocates with palloc, which raises rather than return NULL.
+            let Some(set) = NonNull::new(set) else {
+                pgrx::error!("CreateWaitEventSet returned no wait event set");
+            };
+            SocketWait { set, socket_pos, events }
         }
     }
 

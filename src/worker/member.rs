@@ -2,11 +2,14 @@
 //! and the oracle `tsoracle.oracle` names, as TiDB's PD client and Postgres-XL's GTM proxy
 //! were for theirs.
 //!
-//! - One connection, in pipeline mode; up to `MAX_IN_FLIGHT` round trips on it at once.
+//! - One connection, in pipeline mode; no new round trip starts while `MAX_IN_FLIGHT` are on
+//!   it.
 //! - Every `tso_next()`-like call waiting when a round trip leaves goes in it: one
-//!   `tsoracle.member_next(n)` for all of them, `n` their sum, split in order. A call
-//!   waiting while the pipeline is full goes in the next one. Nothing is fetched ahead: each
-//!   value was issued by the oracle after its call had begun.
+//!   `tsoracle.member_next(n)` for all of them (one per `MAX_BATCH` values), `n` their sum,
+//!   split in order. A caller wakes the proxy only while fewer than `LOOK_WHEN_IN_FLIGHT`
+//!   round trips are in flight; otherwise its call leaves as one of them lands, with every
+//!   call queued meanwhile (group commit's pattern). Nothing is fetched ahead: each value was
+//!   issued by the oracle after its call had begun.
 //! - Every other call (a block, a lease, the frontier) is one statement of its own.
 //! - Every answer carries the oracle's epoch; one older than an epoch already seen (a deposed
 //!   primary still answering) is refused, and the connection dropped.
@@ -36,6 +39,15 @@ use tsoracle_core::allocator::MAX_BATCH;
 use tsoracle_core::lease::{LeaseTable, PublishedBound, PublishedBounds};
 use tsoracle_core::member::{floor_after, parse_next_answer, EpochGate};
 use tsoracle_core::queue::Ticket;
+
+/// What the oracle answers when this connection's prepared `tsoracle.member_next` is gone
+/// (`26000`: a `DISCARD ALL`, a pooler between) or no longer matches the function
+/// (`0A000`: the extension was updated under it): the connection is made again.
+const RESET_BY: [&str; 2] = ["26000", "0A000"];
+
+/// Callers stop waking the proxy once this many round trips are in flight: the next one
+/// leaves as one of them lands, with every call queued meanwhile.
+const LOOK_WHEN_IN_FLIGHT: usize = 1;
 
 /// Round trips in flight at once on the connection.
 const MAX_IN_FLIGHT: usize = 4;
@@ -93,12 +105,13 @@ enum Link {
         started: Instant,
     },
     /// Connected; `ready` once the oracle answered the hello. `waits` waits on the latch and
-    /// the connection's socket (which stays the same while connected).
+    /// the connection's socket (which stays the same while connected); declared first, it is
+    /// freed before the connection closes its socket.
     Up {
+        waits: SocketWait,
         conn: Conn,
         ready: bool,
         flushed: bool,
-        waits: SocketWait,
     },
 }
 
@@ -121,8 +134,6 @@ pub(super) struct Proxy {
     /// Lease grants and renewals in flight: while any is, the worker's own holder slot holds
     /// `R` below what their lowest stamps will be.
     granting: usize,
-    /// The last wait found the connection's socket ready.
-    socket_ready: bool,
 }
 
 /// `tsoracle.oracle` as libpq reads it, with any password hidden; a connection string libpq
@@ -168,7 +179,6 @@ pub(super) fn run(signals: &'static Signals, conninfo: String, shown: String) {
         pause_until: None,
         grants: Vec::new(),
         granting: 0,
-        socket_ready: true,
     };
     set_phase(signals, Phase::Starting);
     loop {
@@ -193,14 +203,14 @@ impl Proxy {
         } else {
             RETRY_PAUSE.as_millis() as i64
         };
-        if let Link::Up { flushed, waits, .. } = &mut self.link {
-            let events = if *flushed { 0 } else { pg_sys::WL_SOCKET_WRITEABLE };
-            self.socket_ready = waits.wait(events, tick).socket;
-            // SAFETY: this process's own latch; reset before anything is looked at again.
-            unsafe { pg_sys::ResetLatch(pg_sys::MyLatch) };
-            return self.after_wait();
-        }
-        let (socket, events, timeout) = match &self.link {
+        let (socket, events, timeout) = match &mut self.link {
+            Link::Up { flushed, waits, .. } => {
+                let events = if *flushed { 0 } else { pg_sys::WL_SOCKET_WRITEABLE };
+                waits.wait(events, tick);
+                // SAFETY: this process's own latch; reset before anything is looked at again.
+                unsafe { pg_sys::ResetLatch(pg_sys::MyLatch) };
+                return self.after_wait();
+            }
             Link::Down(at) => {
                 let left = at.saturating_duration_since(Instant::now()).as_millis() as i64;
                 (-1, 0, left.clamp(1, tick))
@@ -214,7 +224,6 @@ impl Proxy {
                 },
                 tick,
             ),
-            Link::Up { .. } => return,
         };
         let events = if socket >= 0 { events } else { 0 };
         // SAFETY: waiting on this process's own latch (and on the connection's socket, open
@@ -300,7 +309,6 @@ impl Proxy {
         let flushed = conn.flush()?;
         let waits = SocketWait::new(conn.socket());
         self.link = Link::Up { conn, ready: false, flushed, waits };
-        self.socket_ready = true;
         Ok(())
     }
 
@@ -308,11 +316,9 @@ impl Proxy {
     /// waits.
     fn serve(&mut self) -> Result<(), LibpqError> {
         let Link::Up { conn, .. } = &mut self.link else { return Ok(()) };
-        // Only what the socket has: woken by the latch alone, there is nothing to read (a
-        // system call saved on every call a caller queues).
-        if std::mem::take(&mut self.socket_ready) {
-            conn.consume()?;
-        }
+        // Read whatever woke us: with TLS, libpq may hold decrypted input the socket no
+        // longer shows, so the read is not skipped on a latch-only wake.
+        conn.consume()?;
         // Results come per round trip: the query's result, the end of its results, its sync
         // point. With nothing in flight (or only the end of results again) there is nothing
         // more to read: libpq answers "no result" without end in pipeline mode.
@@ -361,9 +367,16 @@ impl Proxy {
 
     /// Send the calls waiting here and in the queue, while the pipeline has room.
     fn send_waiting(&mut self) -> Result<(), LibpqError> {
-        if self.sent.len() >= MAX_IN_FLIGHT
-            || self.pause_until.is_some_and(|at| Instant::now() < at)
-        {
+        if self.sent.len() >= MAX_IN_FLIGHT {
+            return Ok(());
+        }
+        if self.pause_until.is_some_and(|at| Instant::now() < at) {
+            // Paused with nothing in flight: no landing will take the queue, callers wake us.
+            if self.sent.is_empty() {
+                if let Ok(mut guard) = QUEUE.exclusive() {
+                    guard.queue().header.worker_will_look = false;
+                }
+            }
             return Ok(());
         }
         let mut calls: Vec<Waiting> = std::mem::take(&mut self.waiting);
@@ -375,10 +388,11 @@ impl Proxy {
                 requests,
                 since: now,
             }));
-            // With a round trip in flight after this turn, the calls queued from now on are
-            // taken as it lands: their callers need not wake this process.
-            queue.header.worker_will_look = !self.sent.is_empty()
-                || calls.iter().any(|w| is_next(w) || call_statement(&w.requests).is_some());
+            // With LOOK_WHEN_IN_FLIGHT round trips in flight after this turn, the calls queued
+            // from now on are taken as one lands: their callers need not wake this process.
+            let sending = calls.iter().any(|w| is_next(w) || call_statement(&w.requests).is_some());
+            queue.header.worker_will_look =
+                self.sent.len() + usize::from(sending) >= LOOK_WHEN_IN_FLIGHT;
         }
         let (nexts, others): (Vec<Waiting>, Vec<Waiting>) = calls.into_iter().partition(is_next);
         if !matches!(self.link, Link::Up { .. }) {
@@ -443,7 +457,18 @@ impl Proxy {
                         });
                         continue;
                     }
-                    Err(e) => failed = Some(e),
+                    Err(e) => {
+                        failed = Some(e);
+                        // Part of it may have reached the oracle before the connection broke:
+                        // a block or a lease is not sent again (40003), a read is.
+                        if !rereadable(&w.requests) {
+                            answer(&[(
+                                w.ticket,
+                                vec![Reply::err(ReplyCode::Lost); w.requests.len()],
+                            )]);
+                            continue;
+                        }
+                    }
                 }
             }
             self.waiting.push(w);
@@ -520,15 +545,17 @@ impl Proxy {
                     e.message, e.sqlstate
                 )),
             },
-            Flight::Heartbeat => {
-                if let Ok(rows) = rows {
+            Flight::Heartbeat => match rows {
+                Ok(rows) => {
                     let (first, epoch) = first_and_epoch(&rows)?;
                     self.check_epoch(epoch)?;
                     self.signals.member_floor.raise(floor_after(first, 1));
                     self.count(took, 0, 0);
+                    Ok(())
                 }
-                Ok(())
-            }
+                Err(e) if RESET_BY.contains(&e.sqlstate.as_str()) => Err(statement_lost(&e)),
+                Err(_) => Ok(()),
+            },
             Flight::Report => match rows {
                 Ok(rows) => {
                     let epoch = rows
@@ -547,7 +574,14 @@ impl Proxy {
             },
             Flight::Next { calls, total } => match rows {
                 Ok(rows) => {
-                    let (first, epoch) = first_and_epoch(&rows)?;
+                    let (first, epoch) = match first_and_epoch(&rows) {
+                        Ok(answer) => answer,
+                        Err(why) => {
+                            // Handed to no one: fetched again on the next connection.
+                            self.retry_next(calls);
+                            return Err(why);
+                        }
+                    };
                     if let Err(why) = self.check_epoch(epoch) {
                         self.retry_next(calls);
                         return Err(why);
@@ -557,6 +591,11 @@ impl Proxy {
                     self.count(took, calls.len(), u64::from(total));
                     answer(&answer_next(first, &calls));
                     Ok(())
+                }
+                Err(e) if RESET_BY.contains(&e.sqlstate.as_str()) => {
+                    // Nothing was issued: fetched again once the statement is prepared again.
+                    self.retry_next(calls);
+                    Err(statement_lost(&e))
                 }
                 Err(e) if RETRYABLE.contains(&e.sqlstate.as_str()) => {
                     self.note(&format!(
@@ -615,7 +654,14 @@ impl Proxy {
         {
             match rows {
                 Ok(rows) => {
-                    let (replies, epoch) = answer_call(&requests, &rows)?;
+                    let (replies, epoch) = match answer_call(&requests, &rows) {
+                        Ok(answer) => answer,
+                        Err(why) => {
+                            // Carried out or not, its answer cannot be read: 40003.
+                            answer(&[(ticket, vec![Reply::err(ReplyCode::Lost); requests.len()])]);
+                            return Err(why);
+                        }
+                    };
                     if let Err(why) = self.check_epoch(epoch) {
                         answer(&[(ticket, vec![Reply::err(ReplyCode::Lost); requests.len()])]);
                         return Err(why);
@@ -851,10 +897,7 @@ impl Proxy {
                             release_grant_hold();
                         }
                     }
-                    let rereadable = requests.iter().all(|r| {
-                        matches!(r.kind, RequestKind::SafeFrontier | RequestKind::SeqPeek)
-                    });
-                    if rereadable {
+                    if rereadable(&requests) {
                         self.waiting.push(Waiting { ticket, requests, since: sent.at });
                     } else {
                         lost.push((ticket, vec![Reply::err(ReplyCode::Lost); requests.len()]));
@@ -865,6 +908,11 @@ impl Proxy {
         }
         answer(&lost);
     }
+}
+
+/// A call that only reads (the safe frontier, a peek): sent again if its answer was lost.
+fn rereadable(requests: &[Request]) -> bool {
+    requests.iter().all(|r| matches!(r.kind, RequestKind::SafeFrontier | RequestKind::SeqPeek))
 }
 
 /// A `tso_next()`-like call: coalesced with the others into one `tsoracle.member_next`.
@@ -897,6 +945,13 @@ fn release_grant_hold() {
 
 fn remote(ticket: Ticket) -> Reply {
     Reply { epoch: ticket.generation as i64, ..Reply::err(ReplyCode::Remote) }
+}
+
+fn statement_lost(e: &crate::pg::libpq::RemoteError) -> String {
+    format!(
+        "the oracle lost this connection's prepared tsoracle.member_next ({}: {}); connecting again",
+        e.sqlstate, e.message
+    )
 }
 
 fn first_and_epoch(rows: &[Vec<Option<String>>]) -> Result<(u64, u64), String> {
