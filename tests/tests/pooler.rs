@@ -826,10 +826,13 @@ fn the_exporter_reports_what_tso_status_says() {
         let s: String = sc.query_one("SELECT pg_get_wal_replay_pause_state()", &[]).unwrap().get(0);
         s == "paused"
     });
+    // As the metric is defined: since the standby started when it has replayed no commit yet
+    // (the base backup may hold every commit made so far).
     let replay = |c: &mut Client| -> (f64, i64) {
         let r = c
             .query_one(
-                "SELECT extract(epoch FROM clock_timestamp() - pg_last_xact_replay_timestamp())::float8, \
+                "SELECT extract(epoch FROM clock_timestamp() \
+                          - COALESCE(pg_last_xact_replay_timestamp(), pg_postmaster_start_time()))::float8, \
                         pg_wal_lsn_diff(pg_last_wal_receive_lsn(), pg_last_wal_replay_lsn())::bigint",
                 &[],
             )
