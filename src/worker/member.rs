@@ -462,10 +462,7 @@ impl Proxy {
                         // Part of it may have reached the oracle before the connection broke:
                         // a block or a lease is not sent again (40003), a read is.
                         if !rereadable(&w.requests) {
-                            answer(&[(
-                                w.ticket,
-                                vec![Reply::err(ReplyCode::Lost); w.requests.len()],
-                            )]);
+                            answer(&[lost(w.ticket, &w.requests)]);
                             continue;
                         }
                     }
@@ -574,18 +571,16 @@ impl Proxy {
             },
             Flight::Next { calls, total } => match rows {
                 Ok(rows) => {
-                    let (first, epoch) = match first_and_epoch(&rows) {
-                        Ok(answer) => answer,
+                    let read = first_and_epoch(&rows)
+                        .and_then(|(first, epoch)| self.check_epoch(epoch).map(|()| first));
+                    let first = match read {
+                        Ok(first) => first,
                         Err(why) => {
                             // Handed to no one: fetched again on the next connection.
                             self.retry_next(calls);
                             return Err(why);
                         }
                     };
-                    if let Err(why) = self.check_epoch(epoch) {
-                        self.retry_next(calls);
-                        return Err(why);
-                    }
                     // Raised before anyone gets a value: every later fetch is above it.
                     self.signals.member_floor.raise(floor_after(first, total));
                     self.count(took, calls.len(), u64::from(total));
@@ -633,10 +628,7 @@ impl Proxy {
                 let granted = grants_lease(&requests);
                 let outcome = self.complete_call(ticket, requests, rows, took, done.at);
                 if granted {
-                    self.granting = self.granting.saturating_sub(1);
-                    if self.granting == 0 {
-                        release_grant_hold();
-                    }
+                    self.grant_landed();
                 }
                 outcome
             }
@@ -651,44 +643,40 @@ impl Proxy {
         took: Duration,
         sent_at: Instant,
     ) -> Result<(), String> {
-        {
-            match rows {
-                Ok(rows) => {
-                    let (replies, epoch) = match answer_call(&requests, &rows) {
-                        Ok(answer) => answer,
-                        Err(why) => {
-                            // Carried out or not, its answer cannot be read: 40003.
-                            answer(&[(ticket, vec![Reply::err(ReplyCode::Lost); requests.len()])]);
-                            return Err(why);
-                        }
-                    };
-                    if let Err(why) = self.check_epoch(epoch) {
-                        answer(&[(ticket, vec![Reply::err(ReplyCode::Lost); requests.len()])]);
+        match rows {
+            Ok(rows) => {
+                let read = answer_call(&requests, &rows)
+                    .and_then(|(replies, epoch)| self.check_epoch(epoch).map(|()| replies));
+                let replies = match read {
+                    Ok(replies) => replies,
+                    Err(why) => {
+                        // Carried out or not, its answer cannot be trusted: 40003.
+                        answer(&[lost(ticket, &requests)]);
                         return Err(why);
                     }
-                    self.count(took, 1, 0);
-                    self.note_grants(&requests, &replies);
-                    answer(&[(ticket, replies)]);
-                    Ok(())
+                };
+                self.count(took, 1, 0);
+                self.note_grants(&requests, &replies);
+                answer(&[(ticket, replies)]);
+                Ok(())
+            }
+            Err(e) if RETRYABLE.contains(&e.sqlstate.as_str()) => {
+                self.pause_until = Some(Instant::now() + RETRY_PAUSE);
+                self.waiting.push(Waiting { ticket, requests, since: sent_at });
+                if e.sqlstate == "25006" {
+                    return Err(format!("the oracle is a standby: {}", e.message));
                 }
-                Err(e) if RETRYABLE.contains(&e.sqlstate.as_str()) => {
-                    self.pause_until = Some(Instant::now() + RETRY_PAUSE);
-                    self.waiting.push(Waiting { ticket, requests, since: sent_at });
-                    if e.sqlstate == "25006" {
-                        return Err(format!("the oracle is a standby: {}", e.message));
-                    }
-                    Ok(())
-                }
-                Err(e) => {
-                    MEMBER.exclusive().keep_error(
-                        ticket.generation,
-                        &e.sqlstate,
-                        &e.message,
-                        e.hint.as_deref(),
-                    );
-                    answer(&[(ticket, vec![remote(ticket); requests.len()])]);
-                    Ok(())
-                }
+                Ok(())
+            }
+            Err(e) => {
+                MEMBER.exclusive().keep_error(
+                    ticket.generation,
+                    &e.sqlstate,
+                    &e.message,
+                    e.hint.as_deref(),
+                );
+                answer(&[(ticket, vec![remote(ticket); requests.len()])]);
+                Ok(())
             }
         }
     }
@@ -886,28 +874,40 @@ impl Proxy {
     /// What was in flight on a connection that is gone: timestamps are fetched again (those
     /// lost were never handed out); blocks and leases may have been granted (`40003`).
     fn lost_in_flight(&mut self) {
-        let mut lost = Vec::new();
+        let mut unknown = Vec::new();
         for sent in std::mem::take(&mut self.sent) {
             match sent.flight {
                 Flight::Next { calls, .. } => self.retry_next(calls),
                 Flight::Call { ticket, requests } => {
                     if grants_lease(&requests) {
-                        self.granting = self.granting.saturating_sub(1);
-                        if self.granting == 0 {
-                            release_grant_hold();
-                        }
+                        self.grant_landed();
                     }
                     if rereadable(&requests) {
                         self.waiting.push(Waiting { ticket, requests, since: sent.at });
                     } else {
-                        lost.push((ticket, vec![Reply::err(ReplyCode::Lost); requests.len()]));
+                        unknown.push(lost(ticket, &requests));
                     }
                 }
                 Flight::Hello | Flight::Prepare | Flight::Heartbeat | Flight::Report => {}
             }
         }
-        answer(&lost);
+        answer(&unknown);
     }
+
+    /// A lease grant or renewal is no longer in flight: with none left, the worker's holder
+    /// slot stops holding `R` for them.
+    fn grant_landed(&mut self) {
+        self.granting = self.granting.saturating_sub(1);
+        if self.granting == 0 {
+            release_grant_hold();
+        }
+    }
+}
+
+/// The answer to a call that may have been carried out on the oracle but whose answer is
+/// not known: `40003` for each of its requests, never sent again.
+fn lost(ticket: Ticket, requests: &[Request]) -> (Ticket, Vec<Reply>) {
+    (ticket, vec![Reply::err(ReplyCode::Lost); requests.len()])
 }
 
 /// A call that only reads (the safe frontier, a peek): sent again if its answer was lost.
