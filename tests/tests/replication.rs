@@ -817,7 +817,6 @@ fn cut_off_primary_stops_issuing(name: &str, step_ms: i64) {
         sync_pair(&format!("{name}-primary"), &format!("{name}-standby"));
     let window = 2_000u64;
     primary.set_conf("tsoracle.window_ahead_ms", window).expect("window_ahead_ms");
-    primary.set_conf("tsoracle.extension_timeout_ms", 200).expect("extension_timeout_ms");
     let mut c = primary.connect();
     c.query("SELECT * FROM tso_lease_acquire('far', 1, 60000)", &[])
         .unwrap_or_else(|e| panic!("lease: {}", pg_error_string(&e)));
@@ -829,6 +828,11 @@ fn cut_off_primary_stops_issuing(name: &str, step_ms: i64) {
     // Let the last confirmation made under the old window size age out.
     std::thread::sleep(Duration::from_millis(3_500));
     tso_next(&mut c).unwrap_or_else(|e| panic!("tso_next before the cut: {}", pg_error_string(&e)));
+    // Only now a short wait for the worker, so that calls after the cut are answered quickly:
+    // the set-up above (a lease, a window extension, each a synchronous commit to a standby
+    // that has just started) may take longer than 200 ms on a busy box. `c` reads the new
+    // value before its next command.
+    primary.set_conf("tsoracle.extension_timeout_ms", 200).expect("extension_timeout_ms");
 
     standby.stop(StopMode::Immediate).expect("stop the standby");
     let cut = Instant::now();
