@@ -10,12 +10,15 @@ TEST_MAJORS ?= $(PG_MAJORS)
 # (pooler: PgBouncer, postgres_exporter and promtool, about 15 s: cheap enough for every major.)
 # (operations: the DBA's routine operations under load, each for QUICK_OPS_SECONDS on these
 # majors and 15 s on the full ones; bluegreen: switchovers, pg_createsubscriber from 17 on.)
-QUICK_SUITES := foundation harness leases lease_concurrency sequences seq_in_place security clocks drops resolved pooler operations bluegreen
+QUICK_SUITES := foundation harness leases lease_concurrency sequences seq_in_place followers security clocks drops resolved pooler operations bluegreen
 QUICK_OPS_SECONDS ?= 8
 # ... and on the oldest and the newest, also the crash, failover and backup suites and a
 # fleet (an oracle that fails over, members that restart).
 FULL_MAJORS ?= 15 18
 FULL_SUITES := $(QUICK_SUITES) replication backup patroni fleet fleet_resolved
+# pg_repack on the extension's tables under load, on the majors whose pg_repack
+# scripts/install-deps.sh --test installs (Debian's package: 15).
+REPACK_MAJORS ?= 15
 # pg_upgrade from upstream 15 (scripts/postgresql-versions says why not Debian's) to 18.
 UPGRADE_FROM ?= 15-upstream
 UPGRADE_TO ?= 18
@@ -121,7 +124,8 @@ integration-%:
 	scripts/test-regress.sh "$$bin"; regress=$$?; \
 	TSORACLE_PG_BIN="$$bin" $(if $(filter $*,$(FULL_MAJORS)),,TSORACLE_OPS_SECONDS=$(QUICK_OPS_SECONDS)) \
 		cargo test --no-fail-fast -p tsoracle-tests \
-		$(addprefix --test ,$(if $(filter $*,$(FULL_MAJORS)),$(FULL_SUITES),$(QUICK_SUITES))) \
+		$(addprefix --test ,$(if $(filter $*,$(FULL_MAJORS)),$(FULL_SUITES),$(QUICK_SUITES)) \
+			$(if $(filter $*,$(REPACK_MAJORS)),repack)) \
 		-- --test-threads=$(TEST_THREADS); suites=$$?; \
 	[ $$regress = 0 ] && [ $$suites = 0 ]; }
 	@echo "timing: test-integration-$* ended at $$(date +%s)"

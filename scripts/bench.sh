@@ -23,8 +23,10 @@
 # one client's rate follows the virtual disk's flush, which drifts by 15 % from run to run),
 # BENCH_MEMBER_CLIENTS (a member of a fleet: its tso_next() against its SELECT 1 and the
 # oracle's tso_next(), default "1 8 32 128"; empty skips it),
+# BENCH_SLOT_CLIENTS (tso_seq and tso_next() with a test_decoding slot present, against the
+# same baselines, default "8 32"; empty skips it),
 # BENCH_ONLY (run only these sections, e.g. "throughput writes": throughput, resolved, percall,
-# batch, seq, ceiling, member, writes, p99, curve; default: all),
+# batch, seq, ceiling, slot, member, writes, p99, curve; default: all),
 # BENCH_CURVE_CLIENTS (the scaling curve, default "1 2 4 8 16 32 64 128 256"; empty skips it),
 # BENCH_CURVE_SECONDS (pgbench -T per curve run, default 5), BENCH_CURVE_REPS (default 2),
 # BENCH_CURVE_SAMPLING (pgbench --sampling-rate of the curve's per-transaction logs, default 0.2),
@@ -89,6 +91,7 @@ CEIL_REPS=${BENCH_CEIL_REPS:-9}
 CEIL_ONE_REPS=${BENCH_CEIL_ONE_REPS:-15}
 CEIL_ONE_SECS=${BENCH_CEIL_ONE_SECONDS:-3}
 MEMBER_CLIENTS=${BENCH_MEMBER_CLIENTS-"1 8 32 128"}
+SLOT_CLIENTS=${BENCH_SLOT_CLIENTS-"8 32"}
 ONLY=${BENCH_ONLY:-}
 # want SECTION: run this section (all of them unless BENCH_ONLY names some).
 want() { [ -z "$ONLY" ] || [[ " $ONLY " == *" $1 "* ]]; }
@@ -502,6 +505,47 @@ if [ "$SEQ_OK" = 1 ] && [ -n "$CEIL_CLIENTS" ]; then
         done
         sql "TRUNCATE commit_ceiling" >/dev/null
     done
+fi
+fi
+
+# --- 4b'. with a logical slot present --------------------------------------------------------
+if want slot; then
+# A logical slot of another plugin than pgoutput (test_decoding here; wal2json, Debezium,
+# pglogical and pg_squeeze alike) makes every advance of tsoracle.seq and tsoracle.high_water
+# a row version it can decode (docs/operations/maintenance.md, "Tools that follow a table"):
+# tso_seq goes through the worker's group commit. The cluster restarts with wal_level =
+# logical, the slot exists (nothing consumes it), and the same pairs run as without it:
+# tso_seq against one-row INSERT commits, tso_next() against SELECT 1. Then the slot is
+# dropped and wal_level put back.
+if [ "$SEQ_OK" = 1 ] && [ -n "$SLOT_CLIENTS" ]; then
+    echo "==> with a test_decoding slot (clients: $SLOT_CLIENTS)" >&2
+    restart_with() {
+        sql "$1" >/dev/null && as_pg "$BIN/pg_ctl" -D "$DATA" -l "$LOG" -w -t 60 restart >/dev/null \
+            || { tail -n 30 "$LOG" >&2; die "the restart for the slot runs failed"; }
+        for _ in $(seq 1 300); do
+            [ "$(sql "SELECT state FROM tso_status()" 2>/dev/null)" = serving ] && return 0
+            sleep 0.2
+        done
+        die "not serving after the restart for the slot runs"
+    }
+    restart_with "ALTER SYSTEM SET wal_level = logical"
+    sql "CREATE TABLE IF NOT EXISTS commit_ceiling (v int NOT NULL) WITH (autovacuum_enabled = off)" \
+        || die "set-up of the commit-ceiling table failed"
+    sql "SELECT count(tso_seq('k' || g, 1)) FROM generate_series(1, 8) g" >/dev/null \
+        || die "set-up of the keys k1..k8 failed"
+    sql "SELECT pg_create_logical_replication_slot('bench_slot', 'test_decoding')" >/dev/null \
+        || die "the test_decoding slot could not be made"
+    for c in $SLOT_CLIENTS; do
+        for r in $(seq 1 "$REPS"); do
+            for w in $(rotated "$r" tso_seq ins_commit tso_next select1); do
+                run_pgbench "slot_$w" "$w" "$c" "$r"
+            done
+        done
+        sql "TRUNCATE commit_ceiling" >/dev/null
+    done
+    rec info slot_group_commits "$(sql "SELECT group_commits FROM tso_status()")"
+    sql "SELECT pg_drop_replication_slot('bench_slot')" >/dev/null
+    restart_with "ALTER SYSTEM RESET wal_level"
 fi
 fi
 

@@ -50,7 +50,11 @@ packages=("${BUILD_PACKAGES[@]}")
 ((test)) && packages+=("${TEST_PACKAGES[@]}")
 for m in "${majors[@]}"; do
     case "$(source_of "$m")" in
-    debian) packages+=("postgresql-$m" "postgresql-server-dev-$m" "postgresql-client-$m") ;;
+    debian)
+        packages+=("postgresql-$m" "postgresql-server-dev-$m" "postgresql-client-$m")
+        # pg_repack for the tests of the tools that follow a table (tests/tests/repack.rs).
+        ((test)) && packages+=("postgresql-$m-repack")
+        ;;
     wheel) [[ " ${packages[*]} " == *" patchelf "* ]] || packages+=(patchelf) ;;
     esac
 done
@@ -72,14 +76,21 @@ if ((${#missing[@]})); then
     apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-# The Debian package starts its own cluster on port 5432; we never use it.
-if command -v pg_lsclusters >/dev/null && pg_lsclusters -h 2>/dev/null | grep -q '^15 *main .*online'; then
-    pg_ctlcluster 15 main stop || true
-fi
-
-# Nor the Debian etcd service (the Patroni tests start their own etcd on free loopback ports).
-if command -v systemctl >/dev/null && systemctl is-active --quiet etcd 2>/dev/null; then
-    systemctl stop etcd || true
+# What this run installed and Debian started on install is stopped again; nothing else is
+# touched. A host's own PostgreSQL cluster or etcd, running before, keeps running: the tests
+# start their own servers on free loopback ports (scripts/test-install-deps.sh checks it).
+installed_now() { [[ " ${missing[*]} " == *" $1 "* ]]; }
+# The Debian package starts its own cluster (15/main on port 5432) when it is installed.
+for m in "${majors[@]}"; do
+    [ "$(source_of "$m")" = debian ] && installed_now "postgresql-$m" || continue
+    if command -v pg_lsclusters >/dev/null && pg_lsclusters -h 2>/dev/null | grep -q "^$m *main .*online"; then
+        pg_ctlcluster "$m" main stop || true
+    fi
+done
+# The etcd service Debian starts with etcd-server (the Patroni tests start their own).
+if installed_now etcd-server && command -v systemctl >/dev/null \
+    && systemctl is-active --quiet etcd 2>/dev/null; then
+    systemctl disable --now etcd 2>/dev/null || true
 fi
 
 # Nor the services PgBouncer, postgres_exporter and Prometheus start on install (the pooler
@@ -87,7 +98,7 @@ fi
 # them, so a machine's own PgBouncer or Prometheus, installed before, is left as it was.
 if command -v systemctl >/dev/null && ((${#missing[@]})); then
     for s in "${TEST_SERVICES[@]}"; do
-        [[ " ${missing[*]} " == *" ${s%%:*} "* ]] || continue
+        installed_now "${s%%:*}" || continue
         systemctl disable --now "${s#*:}" 2>/dev/null || true
     done
 fi

@@ -38,5 +38,24 @@ for p in patroni etcd-server etcd-client sudo patchelf postgresql-server-dev-15 
 done
 check "make test installs every supported major" \
     test "$(count "$t" '^postgresql ')" = "$(awk '$0 !~ /^#/ && $1 ~ /^[0-9]+$/' "$HERE/postgresql-versions" | wc -l)"
+check "make test installs pg_repack for Debian's PostgreSQL 15" has "$t" "package postgresql-15-repack"
+
+# An install touches nothing it did not bring: a host's own Debian cluster 15/main, running
+# before, is still running afterwards, the same postmaster (its start time unchanged).
+if command -v pg_lsclusters >/dev/null && pg_lsclusters -h 2>/dev/null | grep -q '^15 *main '; then
+    started_here=0
+    if ! pg_lsclusters -h | grep -q '^15 *main .*online'; then
+        pg_ctlcluster 15 main start && started_here=1
+    fi
+    pid_file=$(pg_lsclusters -h | awk '$1 == 15 && $2 == "main" {print $6}')/postmaster.pid
+    before=$(sed -n 1,3p "$pid_file" 2>/dev/null | tr '\n' ' ')
+    "$HERE/install-deps.sh" 15 >/dev/null && "$HERE/install-deps.sh" --test >/dev/null
+    after=$(sed -n 1,3p "$pid_file" 2>/dev/null | tr '\n' ' ')
+    check "install-deps.sh (15, --test) leaves a running 15/main cluster running, the same postmaster" \
+        bash -c "pg_lsclusters -h | grep -q '^15 *main .*online' && [ -n '$before' ] && [ '$before' = '$after' ]"
+    ((started_here)) && pg_ctlcluster 15 main stop
+else
+    check "Debian's cluster 15/main exists to try the install against" false
+fi
 echo "$passed passed, $failed failed"
 [ "$failed" = 0 ]

@@ -18,22 +18,28 @@
 //! is bounded), check the table's preconditions (`pg::inplace::preconditions`), find the row
 //! through the primary key with a fresh snapshot, lock its buffer exclusively, check that the
 //! line pointer still holds the live, unlocked version for this key, write, log, unlock both,
-//! then flush the record and wait for synchronous standbys as a commit would. Only then is
-//! the block returned. A crash before the flush loses the record, and its block was never
+//! look again for a logical slot made meanwhile (`pg::inplace::decoding_slot`), then flush
+//! the record and wait for synchronous standbys as a commit would. Only then is the block
+//! returned. A crash before the flush loses the record, and its block was never
 //! returned; a later block's flush covers every earlier record.
 //!
 //! Anything unusual goes to the worker instead ([`try_advance`] returns `None`): another
 //! database, a key that does not exist yet, a role that may not use the key (the worker
 //! reports it), configured synchronous standbys (the worker's wait for them is bounded),
 //! strict mode, `wal_level = minimal`, a table locked by someone else, a table whose trigger
-//! is not `ENABLE ALWAYS`, with an index or a generated column on the columns written or in a
-//! publication, a table whose shape is not the one this code reads, a row version that is not
-//! plainly live, a row another transaction has locked.
+//! is not `ENABLE ALWAYS`, with a trigger that is not the extension's own (pg_repack's, a
+//! user's), made or rewritten by the caller's own transaction, with an index or a generated
+//! column on the columns written, decoded by a logical slot or in a publication, a table whose
+//! shape is not the one this code reads, a row version that is not plainly live, a row another
+//! transaction has locked. A slot made between the check and the write sends the call to the
+//! worker after the write: that block is a gap, never returned.
 
 use crate::pg::catalog::{counter_table, in_worker_database};
 use crate::pg::error::TsoError;
 use crate::pg::guc;
-use crate::pg::inplace::{make_durable, preconditions, row_free, write_logged};
+use crate::pg::inplace::{
+    decoding_slot, make_durable, preconditions, row_free, with_table_locked, write_logged,
+};
 use pgrx::pg_sys;
 use std::ffi::c_int;
 use tsoracle_core::row_page::counter_tuple;
@@ -79,20 +85,21 @@ pub fn try_advance(key: &str, count: u64) -> Result<Option<i64>, TsoError> {
     let Some(relid) = counter_table() else {
         return Ok(None);
     };
-    // SAFETY: inside the caller's transaction; the lock is released below, or by the
-    // transaction's abort if anything in between raises an error. Never a wait: a table
-    // someone else has locked (or is waiting to lock) goes to the worker.
-    if !unsafe { pg_sys::ConditionalLockRelationOid(relid, pg_sys::RowExclusiveLock as c_int) } {
-        return Ok(None);
-    }
-    // SAFETY: the table is locked; every pointer used below comes from PostgreSQL for it.
-    let written = unsafe { write_in_place(relid, key, count) };
-    // SAFETY: releases the ROW EXCLUSIVE taken above (a lock the transaction held before
-    // is kept: the lock manager counts acquisitions).
-    unsafe { pg_sys::UnlockRelationOid(relid, pg_sys::RowExclusiveLock as c_int) };
-    let Some((start, lsn)) = written else {
+    // The table is held ROW EXCLUSIVE, without waiting, for the check and the write: a
+    // DBA's lock on it (a rewrite, CREATE INDEX, CREATE TRIGGER, LOCK TABLE) sends the call
+    // to the worker, whose own wait is bounded.
+    // SAFETY: the table is locked while write_in_place runs; every pointer used there comes
+    // from PostgreSQL for it.
+    let written = with_table_locked(relid, || unsafe { write_in_place(relid, key, count) });
+    let Some(Some((start, lsn))) = written else {
         return Ok(None);
     };
+    // A logical slot created between the check and the write may not decode the write: the
+    // block is not returned (a gap), and the worker advances the counter past it as a row
+    // version, which the slot decodes.
+    if decoding_slot() {
+        return Ok(None);
+    }
     #[cfg(feature = "clock-fault")]
     {
         let pause = guc::test_seq_pause_ms();
@@ -231,7 +238,7 @@ unsafe fn locate_and_write(rel: pg_sys::Relation, key: &str, count: u64) -> Opti
     let index = unsafe { expected_shape(rel) }?;
     // next (2) and updated_at (3) are written in place.
     // SAFETY: rel is open, inside the caller's transaction.
-    unsafe { preconditions(rel, c"keep_what_was_issued", &[2, 3]) }.ok()?;
+    unsafe { preconditions(rel, &[2, 3]) }.ok()?;
     // SAFETY: rd_rel is valid for an open relation.
     let (relid, relfilenode) = unsafe { ((*rel).rd_id, (*(*rel).rd_rel).relfilenode) };
     if let Some(row) = located(relid, relfilenode, key) {

@@ -11,6 +11,7 @@
 //! | `index_covers`     | `INDEX_ATTR_BITMAP_ALL` (15); 16: `HOT_BLOCKING` ∪ `SUMMARIZED` | same as 16 | same as 16 |
 //! | `has_generated_columns` | `has_generated_stored` | same            | `… \|\| has_generated_virtual` |
 //! | `create_wait_event_set` | `(TopMemoryContext, n)` | `(NULL resource owner, n)` | same as 17 |
+//! | `file_new_in_transaction` | `rd_…RelfilenodeSubid` (15); 16: `rd_…RelfilelocatorSubid` | same as 16 | same as 16 |
 
 use pgrx::pg_sys;
 
@@ -184,4 +185,34 @@ pub unsafe fn create_wait_event_set(nevents: i32) -> *mut pg_sys::WaitEventSet {
 pub unsafe fn create_wait_event_set(nevents: i32) -> *mut pg_sys::WaitEventSet {
     // SAFETY: no resource owner: allocated in TopMemoryContext, freed by the caller.
     unsafe { pg_sys::CreateWaitEventSet(std::ptr::null_mut(), nevents) }
+}
+
+/// Whether the open transaction (or one of its subtransactions) created `rel` or gave it a
+/// new file (`CLUSTER`, `VACUUM FULL`, `TRUNCATE`, `ALTER TABLE … SET TABLESPACE`, a rewriting
+/// `ALTER TABLE`): an abort of that (sub)transaction throws the file away, and with it
+/// anything written into it in place.
+///
+/// # Safety
+/// `rel` must be a valid relcache entry.
+#[cfg(feature = "pg15")]
+pub unsafe fn file_new_in_transaction(rel: pg_sys::Relation) -> bool {
+    // SAFETY: the caller vouches for the relcache entry.
+    let r = unsafe { &*rel };
+    [r.rd_createSubid, r.rd_newRelfilenodeSubid, r.rd_firstRelfilenodeSubid]
+        .into_iter()
+        .any(|subid| subid != 0) // InvalidSubTransactionId
+}
+
+/// Whether the open transaction created `rel` or gave it a new file (16 renamed relfilenode
+/// to relfilelocator).
+///
+/// # Safety
+/// `rel` must be a valid relcache entry.
+#[cfg(any(feature = "pg16", feature = "pg17", feature = "pg18"))]
+pub unsafe fn file_new_in_transaction(rel: pg_sys::Relation) -> bool {
+    // SAFETY: the caller vouches for the relcache entry.
+    let r = unsafe { &*rel };
+    [r.rd_createSubid, r.rd_newRelfilelocatorSubid, r.rd_firstRelfilelocatorSubid]
+        .into_iter()
+        .any(|subid| subid != 0) // InvalidSubTransactionId
 }

@@ -21,6 +21,8 @@ static EXPIRED_LEASE_RETENTION_MS: GucSetting<i32> = GucSetting::<i32>::new(600_
 static ALLOW_DROP: GucSetting<bool> = GucSetting::<bool>::new(false);
 static RESOLVED_INTERVAL_MS: GucSetting<i32> = GucSetting::<i32>::new(100);
 static SEQ_IN_PLACE: GucSetting<bool> = GucSetting::<bool>::new(true);
+static IN_PLACE_IGNORE_SLOTS: GucSetting<Option<CString>> =
+    GucSetting::<Option<CString>>::new(None);
 #[cfg(feature = "clock-fault")]
 static TEST_SEQ_PAUSE_MS: GucSetting<i32> = GucSetting::<i32>::new(0);
 #[cfg(feature = "clock-fault")]
@@ -29,6 +31,8 @@ static TEST_SEQ_IN_PLACE_UNDER_SYNC: GucSetting<bool> = GucSetting::<bool>::new(
 static TEST_CLOCK_OFFSET_MS: GucSetting<i32> = GucSetting::<i32>::new(0);
 #[cfg(feature = "clock-fault")]
 static TEST_WORKER_HOLD_KEY: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
+#[cfg(feature = "clock-fault")]
+static TEST_HIGH_WATER_PAUSE_MS: GucSetting<i32> = GucSetting::<i32>::new(0);
 
 pub fn define() {
     GucRegistry::define_string_guc(
@@ -172,6 +176,25 @@ pub fn define() {
         &SEQ_IN_PLACE,
         GucContext::Suset,
         GucFlags::default(),
+    );
+    GucRegistry::define_string_guc(
+        c"tsoracle.in_place_ignore_slots",
+        c"Logical replication slots, by name (comma-separated), that never decode tsoracle's tables.",
+        c"Any other logical slot of tsoracle.database whose plugin is not pgoutput makes every advance of tsoracle.seq and tsoracle.high_water an ordinary row version, which its plugin decodes. Name here only slots whose consumer filters those tables out.",
+        &IN_PLACE_IGNORE_SLOTS,
+        GucContext::Sighup,
+        GucFlags::default(),
+    );
+    #[cfg(feature = "clock-fault")]
+    GucRegistry::define_int_guc(
+        c"tsoracle.test_high_water_pause_ms",
+        c"Test builds only: how long the worker pauses with tsoracle.high_water's page pinned, before it locks and writes it in place.",
+        c"Lets a test run rewrites of the table and index builds inside that window.",
+        &TEST_HIGH_WATER_PAUSE_MS,
+        0,
+        600_000,
+        GucContext::Sighup,
+        GucFlags::UNIT_MS,
     );
     #[cfg(feature = "clock-fault")]
     GucRegistry::define_int_guc(
@@ -321,6 +344,19 @@ pub fn resolved_interval_ms() -> u64 {
 
 pub fn seq_in_place() -> bool {
     SEQ_IN_PLACE.get()
+}
+
+/// Whether `slot` is named in `tsoracle.in_place_ignore_slots` (names compared exactly,
+/// surrounding blanks ignored).
+pub fn in_place_ignores_slot(slot: &[u8]) -> bool {
+    IN_PLACE_IGNORE_SLOTS
+        .get()
+        .is_some_and(|list| list.as_bytes().split(|&b| b == b',').any(|n| n.trim_ascii() == slot))
+}
+
+#[cfg(feature = "clock-fault")]
+pub fn test_high_water_pause_ms() -> u64 {
+    TEST_HIGH_WATER_PAUSE_MS.get().max(0) as u64
 }
 
 #[cfg(feature = "clock-fault")]

@@ -3,12 +3,28 @@
 //! (`worker::high_water`). The rules of when a row may be written so are in
 //! `tsoracle_core::row_page`; here is what PostgreSQL needs around them.
 //!
-//! - [`preconditions`]: the table is one whose every other writer this path can trust — its
-//!   `BEFORE UPDATE` trigger (which locks a row before an MVCC writer computes what it writes,
-//!   and refuses a lowered value) fires in every session (`ENABLE ALWAYS`, so also under
-//!   `session_replication_role = replica`, as logical apply workers run); no index or
-//!   generated column covers the columns written (an in-place write updates no index); and no
-//!   publication publishes its updates (logical decoding does not decode these writes).
+//! An in-place write makes no row version: WAL replay, standbys, crash recovery and
+//! `pg_rewind` see it (its generic record names the block), but nothing that follows a table
+//! through row versions, triggers or logical decoding does (docs/operations/maintenance.md,
+//! "Tools that follow a table"). So a value is written in place only where every reader of the
+//! table sees it, and both paths check that in the same way:
+//!
+//! - [`with_table_locked`]: the table is held `ROW EXCLUSIVE`, taken without waiting, for the
+//!   check and the write. That lock conflicts with every rewrite (`VACUUM FULL`, `CLUSTER`,
+//!   pg_repack's swap, `ALTER TABLE`), `CREATE TRIGGER` and `CREATE INDEX`; its acquisition
+//!   reads the invalidations of everything that committed before it, so the relcache entry
+//!   read under it is current, and no file is dropped under the write.
+//! - [`preconditions`]: its `BEFORE UPDATE` trigger (which locks a row before an MVCC writer
+//!   computes what it writes, and refuses a lowered value) fires in every session (`ENABLE
+//!   ALWAYS`, so also under `session_replication_role = replica`, as logical apply workers
+//!   run); no trigger but the extension's own (pg_repack's log trigger, a user's audit trigger
+//!   would miss the write); the file was not made by the open transaction (its abort would
+//!   throw the write away); no index or generated column covers the columns written (an
+//!   in-place write updates no index); no logical slot decodes it ([`decoding_slot`]); no
+//!   publication publishes its updates.
+//! - [`decoding_slot`] again after the write: a slot is created without any lock on the
+//!   table, so one created between the check and the write makes the write untrusted (the
+//!   caller then takes the row-version path too).
 //! - [`row_free`]: under the buffer lock, the row's `xmin` committed and no running
 //!   transaction holds a lock on it.
 //! - [`write_logged`]: the new values stored, each with one aligned 8-byte store (a reader
@@ -31,41 +47,94 @@ use tsoracle_core::seq::may_return_after_sync_wait;
 pub enum Refusal {
     /// Its `BEFORE UPDATE` trigger is missing, or not `ENABLE ALWAYS`.
     Trigger,
+    /// A trigger that is not the extension's own (pg_repack's, a user's): it must see every
+    /// change as a row version.
+    Followed,
+    /// The open transaction created the table or gave it a new file.
+    NewFile,
     /// An index covers a column written in place.
     Indexed,
     /// A generated column: it would not be recomputed.
     Generated,
+    /// A logical replication slot of this database may decode the table.
+    Decoded,
     /// A publication publishes its updates.
     Published,
 }
 
-/// Whether `rel` may be written in place at `written` (attribute numbers, 1-based), with
-/// `trigger` as its guarding `BEFORE UPDATE` trigger.
+/// The extension's own triggers on its tables (sql/finalize.sql), each running a function of
+/// the table's own schema: none of them needs to see an in-place write.
+const OWN_TRIGGERS: [&CStr; 5] = [
+    c"keep_what_was_issued",
+    c"keep_what_was_issued_delete",
+    c"keep_what_was_issued_truncate",
+    c"merge_restored_row",
+    c"merge_replicated_row",
+];
+
+/// The guarding trigger, which must fire `ALWAYS` before every `UPDATE`.
+const GUARD: &CStr = c"keep_what_was_issued";
+
+/// Lock table `relid` `ROW EXCLUSIVE` without waiting and run `f` under the lock, then
+/// release it; `None` if the lock is not free now (a rewrite, a `CREATE INDEX` or
+/// `CREATE TRIGGER`, a `LOCK TABLE`, or someone waiting for one of those: the write then
+/// takes the MVCC path, whose own wait is bounded). A lock the transaction held before is
+/// kept: the lock manager counts acquisitions.
+pub fn with_table_locked<T>(relid: pg_sys::Oid, f: impl FnOnce() -> T) -> Option<T> {
+    // SAFETY: inside the caller's transaction; never a wait. If `f` raises an error, the
+    // transaction's abort releases the lock.
+    if !unsafe { pg_sys::ConditionalLockRelationOid(relid, pg_sys::RowExclusiveLock as c_int) } {
+        return None;
+    }
+    let result = f();
+    // SAFETY: releases the acquisition taken above.
+    unsafe { pg_sys::UnlockRelationOid(relid, pg_sys::RowExclusiveLock as c_int) };
+    Some(result)
+}
+
+/// Whether `rel` may be written in place at `written` (attribute numbers, 1-based).
 ///
 /// # Safety
-/// `rel` is an open relation, inside a transaction.
-pub unsafe fn preconditions(
-    rel: pg_sys::Relation,
-    trigger: &CStr,
-    written: &[i16],
-) -> Result<(), Refusal> {
+/// `rel` is an open relation, locked by [`with_table_locked`], inside a transaction.
+pub unsafe fn preconditions(rel: pg_sys::Relation, written: &[i16]) -> Result<(), Refusal> {
     // SAFETY: the trigger descriptor, tuple descriptor and relcache caches belong to the open
     // relation and stay valid while it is open; each pointer is checked before it is read.
     unsafe {
+        let schema = (*(*rel).rd_rel).relnamespace;
         let triggers = (*rel).trigdesc;
-        let guarded = !triggers.is_null()
-            && (0..usize::try_from((*triggers).numtriggers).unwrap_or(0)).any(|i| {
-                let t = &*(*triggers).triggers.add(i);
-                let wanted = (pg_sys::TRIGGER_TYPE_ROW
-                    | pg_sys::TRIGGER_TYPE_BEFORE
-                    | pg_sys::TRIGGER_TYPE_UPDATE) as i16;
-                !t.tgname.is_null()
-                    && CStr::from_ptr(t.tgname) == trigger
-                    && t.tgtype & wanted == wanted
-                    && t.tgenabled as u8 == pg_sys::TRIGGER_FIRES_ALWAYS
-            });
+        let all: &[pg_sys::Trigger] = if triggers.is_null() || (*triggers).triggers.is_null() {
+            &[]
+        } else {
+            std::slice::from_raw_parts(
+                (*triggers).triggers,
+                usize::try_from((*triggers).numtriggers).unwrap_or(0),
+            )
+        };
+        let name = |t: &pg_sys::Trigger| (!t.tgname.is_null()).then(|| CStr::from_ptr(t.tgname));
+        let wanted = (pg_sys::TRIGGER_TYPE_ROW
+            | pg_sys::TRIGGER_TYPE_BEFORE
+            | pg_sys::TRIGGER_TYPE_UPDATE) as i16;
+        let guarded = all.iter().any(|t| {
+            name(t) == Some(GUARD)
+                && t.tgtype & wanted == wanted
+                && t.tgenabled as u8 == pg_sys::TRIGGER_FIRES_ALWAYS
+        });
         if !guarded {
             return Err(Refusal::Trigger);
+        }
+        // Any other trigger that can fire (a disabled one is enabled only by an ALTER TABLE,
+        // which the table lock excludes); internal ones are foreign keys' checks, which read
+        // no counter.
+        let followed = all.iter().any(|t| {
+            let own = name(t).is_some_and(|n| OWN_TRIGGERS.contains(&n))
+                && pg_sys::get_func_namespace(t.tgfoid) == schema;
+            !own && !t.tgisinternal && t.tgenabled as u8 != pg_sys::TRIGGER_DISABLED
+        });
+        if followed {
+            return Err(Refusal::Followed);
+        }
+        if compat::file_new_in_transaction(rel) {
+            return Err(Refusal::NewFile);
         }
         if compat::has_generated_columns((*rel).rd_att) {
             return Err(Refusal::Generated);
@@ -73,6 +142,12 @@ pub unsafe fn preconditions(
         if written.iter().any(|&attnum| compat::index_covers(rel, attnum)) {
             return Err(Refusal::Indexed);
         }
+    }
+    if decoding_slot() {
+        return Err(Refusal::Decoded);
+    }
+    // SAFETY: as above: the open relation's publication descriptor, built into a local.
+    unsafe {
         let mut publications: pg_sys::PublicationDesc = std::mem::zeroed();
         pg_sys::RelationBuildPublicationDesc(rel, &mut publications);
         if publications.pubactions.pubupdate {
@@ -80,6 +155,52 @@ pub unsafe fn preconditions(
         }
     }
     Ok(())
+}
+
+/// `ReplicationSlotControlLock`: `MainLWLockArray[37]` in every supported major (a macro in
+/// lwlock.h, so no binding).
+const REPLICATION_SLOT_CONTROL_LOCK: usize = 37;
+
+/// Whether a logical replication slot of this database may decode the extension's tables:
+/// any slot of this database whose output plugin is not `pgoutput` (which sends only the
+/// tables of the publications its subscriber names: [`Refusal::Published`] covers those),
+/// unless `tsoracle.in_place_ignore_slots` names it. A slot still being created, whose plugin
+/// is not recorded yet, counts.
+pub fn decoding_slot() -> bool {
+    // SAFETY: ReplicationSlotCtl is set up in shared memory with max_replication_slots
+    // entries (NULL only before that); `in_use` and `data.database` change only under
+    // ReplicationSlotControlLock held exclusively, read here under it in shared mode. The
+    // plugin's name is read within its NAMEDATALEN bytes (a name being written shows as empty
+    // or partial, which never equals "pgoutput" unless that is the name being written).
+    unsafe {
+        let ctl = pg_sys::ReplicationSlotCtl;
+        let count = usize::try_from(pg_sys::max_replication_slots).unwrap_or(0);
+        if ctl.is_null() || count == 0 {
+            return false;
+        }
+        let lock = &raw mut (*pg_sys::MainLWLockArray.add(REPLICATION_SLOT_CONTROL_LOCK)).lock;
+        pg_sys::LWLockAcquire(lock, pg_sys::LWLockMode::LW_SHARED);
+        let slots = std::slice::from_raw_parts((*ctl).replication_slots.as_ptr(), count);
+        let database = pg_sys::MyDatabaseId;
+        let found = slots.iter().any(|slot| {
+            if !slot.in_use || slot.data.database != database {
+                return false;
+            }
+            let plugin = std::ptr::read_volatile(&raw const slot.data.plugin.data);
+            let plugin = name_bytes(&plugin);
+            let name = name_bytes(&slot.data.name.data);
+            plugin != b"pgoutput" && !super::guc::in_place_ignores_slot(name)
+        });
+        pg_sys::LWLockRelease(lock);
+        found
+    }
+}
+
+/// The bytes of a `NameData` up to its NUL (all of them if it has none).
+fn name_bytes(name: &[std::ffi::c_char]) -> &[u8] {
+    // SAFETY: c_char and u8 have the same size and alignment.
+    let bytes = unsafe { std::slice::from_raw_parts(name.as_ptr().cast::<u8>(), name.len()) };
+    bytes.iter().position(|&b| b == 0).map_or(bytes, |end| &bytes[..end])
 }
 
 /// Whether a row found with `xmin` (`hinted`: the page already says it committed) and `xmax`
@@ -162,8 +283,11 @@ pub fn end_of_wal() -> u64 {
     let mut byte = [0u8; 1];
     // SAFETY: a record of the XLOG resource manager's no-op type with one byte of data, as
     // any backend may insert (replay ignores it); the data lives until after XLogInsert.
+    // Marked unimportant, as PostgreSQL marks its own bookkeeping records: an idle server
+    // still skips checkpoints and archive_timeout's segment switches.
     unsafe {
         pg_sys::XLogBeginInsert();
+        pg_sys::XLogSetRecordFlags(pg_sys::XLOG_MARK_UNIMPORTANT as u8);
         pg_sys::XLogRegisterData(byte.as_mut_ptr() as _, 1 as _);
         pg_sys::XLogInsert(pg_sys::RmgrIds::RM_XLOG_ID as pg_sys::RmgrId, pg_sys::XLOG_NOOP as u8)
     }

@@ -6,21 +6,23 @@
 //! holds one live row; no index is used, so a `REINDEX` holding its index does not matter),
 //! written under the page's exclusive buffer lock through `pg::inplace` when no running
 //! transaction holds it locked, then flushed and acknowledged by the synchronous standbys
-//! before anything is served from it. A rewrite of the table (`VACUUM FULL`, `CLUSTER`, an
-//! `ALTER TABLE` that rewrites it) could copy the page before the write and drop it: a write
-//! is trusted only if no such rewrite holds the table (`AccessExclusiveLock`, asked of the
-//! lock manager without taking any lock) before and after it, and the table's file is the
-//! same one afterwards. Otherwise — a rewrite in progress, the row locked (`SELECT … FOR
-//! UPDATE`), the trigger `keep_what_was_issued` not `ENABLE ALWAYS`, an index or a generated
-//! column on its columns — the MVCC `UPDATE` is used, with the worker's short `lock_timeout`,
-//! and a failure leaves the window where it is until the next tick.
+//! before anything is served from it. The check and the write run under the table's `ROW
+//! EXCLUSIVE` lock, taken without waiting (`pg::inplace::with_table_locked`, as `tso_seq`'s
+//! in-place path does): no rewrite, `CREATE INDEX` or `CREATE TRIGGER` can commit in between.
+//! Otherwise — the lock not free, the row locked (`SELECT … FOR UPDATE`), any of
+//! `pg::inplace::preconditions` refused (a trigger that is not the extension's own, a logical
+//! slot that decodes the table, an index or a generated column on its columns), or a slot
+//! created during the write — the MVCC `UPDATE` is used, with the worker's short
+//! `lock_timeout`, and a failure leaves the window where it is until the next tick.
 //!
 //! When the table is in a publication, the in-place write is followed by the MVCC update as
 //! well, so that a subscriber (a blue/green switchover) receives every raise.
 
 use super::state::Worker;
 use crate::pg::guc;
-use crate::pg::inplace::{make_durable, preconditions, row_free, write_logged, Refusal};
+use crate::pg::inplace::{
+    decoding_slot, make_durable, preconditions, row_free, with_table_locked, write_logged, Refusal,
+};
 use crate::pg::xact::{subtransaction, Caught};
 use crate::shmem::ORACLE;
 use pgrx::prelude::*;
@@ -154,31 +156,11 @@ fn table() -> Option<pg_sys::Oid> {
     }
 }
 
-/// Whether another transaction holds `relid` in `AccessExclusiveLock` (a rewrite, or a `LOCK
-/// TABLE`): asked of the lock manager, taking no lock.
-fn rewrite_possible(relid: pg_sys::Oid) -> bool {
-    // SAFETY: a LOCKTAG set as SET_LOCKTAG_RELATION does; GetLockConflicts reads the lock
-    // table under its partition lock and returns a palloc'd array, with the count in `count`.
-    unsafe {
-        let tag = pg_sys::LOCKTAG {
-            locktag_field1: pg_sys::MyDatabaseId.to_u32(),
-            locktag_field2: relid.to_u32(),
-            locktag_field3: 0,
-            locktag_field4: 0,
-            locktag_type: pg_sys::LockTagType::LOCKTAG_RELATION as u8,
-            locktag_lockmethodid: pg_sys::DEFAULT_LOCKMETHOD as u8,
-        };
-        let mut count: c_int = 0;
-        pg_sys::GetLockConflicts(&tag, pg_sys::AccessShareLock as c_int, &mut count);
-        count > 0
-    }
-}
-
 /// The shape this code reads: a permanent heap table `(id boolean, physical_ms bigint, epoch
 /// bigint, updated_at timestamptz, ...)`.
 ///
 /// # Safety
-/// `rel` is a valid relcache entry.
+/// `rel` is an open relation.
 unsafe fn expected_shape(rel: pg_sys::Relation) -> bool {
     // SAFETY: rd_rel and rd_att are valid for a relcache entry.
     let (form, desc, natts) = unsafe { (&*(*rel).rd_rel, (*rel).rd_att, (*(*rel).rd_att).natts) };
@@ -207,44 +189,61 @@ fn in_place(plan: Plan<'_>) -> InPlace {
     if unsafe { pg_sys::wal_level } < pg_sys::WalLevel::WAL_LEVEL_REPLICA as c_int {
         return InPlace::NotHere;
     }
-    // No lock is taken, so nothing has read the invalidations other sessions sent: do it, so
-    // that a trigger disabled or an index created before this moment is seen.
-    // SAFETY: processing this backend's invalidation queue, inside a transaction.
-    unsafe { pg_sys::AcceptInvalidationMessages() };
     let Some(relid) = table() else {
         return InPlace::NotHere;
     };
-    if rewrite_possible(relid) {
-        return InPlace::NotHere;
+    // The lock's acquisition reads the invalidations of everything committed before it: the
+    // relcache entry opened under it is current.
+    let written = with_table_locked(relid, || {
+        // SAFETY: the table is locked; closed below.
+        let rel = unsafe { pg_sys::table_open(relid, pg_sys::NoLock as c_int) };
+        // SAFETY: rel is open and locked until table_close.
+        let outcome = unsafe { write_rel(rel, relid, plan) };
+        // SAFETY: closes what table_open opened; the lock stays until with_table_locked ends.
+        unsafe { pg_sys::table_close(rel, pg_sys::NoLock as c_int) };
+        outcome
+    });
+    match written {
+        None => InPlace::NotHere,
+        Some(Written::Done(raised, lsn, published)) => {
+            // A slot created between the check and the write may not decode the write:
+            // written again as a row version (its GREATEST keeps the raise).
+            if decoding_slot() {
+                return InPlace::NotHere;
+            }
+            if lsn != 0 && make_durable(lsn).is_err() {
+                return InPlace::Refused(RaiseError::Unavailable(
+                    "the wait for the synchronous standbys was cut short".into(),
+                ));
+            }
+            InPlace::Done(raised, published)
+        }
+        Some(Written::Refused(why)) => InPlace::Refused(why),
+        Some(Written::NotHere) => InPlace::NotHere,
     }
-    // SAFETY: a relcache entry by OID (NULL if the table is gone), closed below.
-    let rel = unsafe { pg_sys::RelationIdGetRelation(relid) };
-    if rel.is_null() {
-        return InPlace::NotHere;
-    }
-    // SAFETY: rel is a valid relcache entry until RelationClose.
-    let outcome = unsafe { write_rel(rel, relid, plan) };
-    // SAFETY: releases the reference RelationIdGetRelation took.
-    unsafe { pg_sys::RelationClose(rel) };
-    outcome
+}
+
+/// What `write_rel` did under the table lock.
+enum Written {
+    /// Written (the row as read and written, the record's end, 0 if nothing needed
+    /// writing; whether the table is in a publication), not yet durable.
+    Done(Raised, u64, bool),
+    Refused(RaiseError),
+    NotHere,
 }
 
 /// # Safety
-/// `rel` is the relcache entry of `tsoracle.high_water` (`relid`), referenced by the caller.
-unsafe fn write_rel(rel: pg_sys::Relation, relid: pg_sys::Oid, plan: Plan<'_>) -> InPlace {
-    // SAFETY: as the function's contract; rd_rel is valid for the entry.
+/// `rel` is `tsoracle.high_water` (`relid`), open and locked by `with_table_locked`.
+unsafe fn write_rel(rel: pg_sys::Relation, relid: pg_sys::Oid, plan: Plan<'_>) -> Written {
+    // SAFETY: as the function's contract; rd_rel is valid for the open relation.
     let (shaped, refusal, relfilenode) = unsafe {
-        (
-            expected_shape(rel),
-            preconditions(rel, c"keep_what_was_issued", &[2, 3, 4]),
-            (*(*rel).rd_rel).relfilenode,
-        )
+        (expected_shape(rel), preconditions(rel, &[2, 3, 4]), (*(*rel).rd_rel).relfilenode)
     };
     let published = match refusal {
-        _ if !shaped => return InPlace::NotHere,
+        _ if !shaped => return Written::NotHere,
         Ok(()) => false,
         Err(Refusal::Published) => true,
-        Err(_) => return InPlace::NotHere,
+        Err(_) => return Written::NotHere,
     };
     // SAFETY: the relation's current size, from its smgr.
     let blocks =
@@ -261,39 +260,16 @@ unsafe fn write_rel(rel: pg_sys::Relation, relid: pg_sys::Oid, plan: Plan<'_>) -
         match outcome {
             Block::Written(raised, offset, lsn) => {
                 LAST_ROW.set(Some((relid, relfilenode, block, offset)));
-                // Trusted only if no rewrite may have copied the page before the write: none
-                // holds the table now, and the table's file is still the one written.
-                // SAFETY: processing this backend's invalidation queue; a syscache lookup.
-                let same_file = unsafe {
-                    pg_sys::AcceptInvalidationMessages();
-                    pg_sys::RelationIdGetRelation(relid)
-                };
-                // SAFETY: a relcache entry (or NULL), closed at once.
-                let unchanged = !same_file.is_null()
-                    && unsafe {
-                        let f = (*(*same_file).rd_rel).relfilenode;
-                        pg_sys::RelationClose(same_file);
-                        f == relfilenode
-                    };
-                if rewrite_possible(relid) || !unchanged {
-                    LAST_ROW.set(None);
-                    return InPlace::NotHere;
-                }
-                if lsn != 0 && make_durable(lsn).is_err() {
-                    return InPlace::Refused(RaiseError::Unavailable(
-                        "the wait for the synchronous standbys was cut short".into(),
-                    ));
-                }
-                return InPlace::Done(raised, published);
+                return Written::Done(raised, lsn, published);
             }
-            Block::Refused(why) => return InPlace::Refused(why),
-            Block::Busy => return InPlace::NotHere,
+            Block::Refused(why) => return Written::Refused(why),
+            Block::Busy => return Written::NotHere,
             Block::NotThere => continue,
         }
     }
     LAST_ROW.set(None);
     // No live row: the fence's first insert, or a table emptied underneath us.
-    InPlace::NotHere
+    Written::NotHere
 }
 
 enum Block {
@@ -309,19 +285,28 @@ enum Block {
 /// Look for the live row in `block` (at `offset` only, if given) and write it.
 ///
 /// # Safety
-/// `rel` is a valid relcache entry of a permanent heap table; `block` exists in it.
+/// `rel` is an open, locked relation of a permanent heap table; `block` exists in it.
 unsafe fn write_block(
     rel: pg_sys::Relation,
     block: u32,
     offset: Option<u16>,
     plan: Plan<'_>,
 ) -> Block {
-    // SAFETY: the block exists; pinned, then locked exclusively, released at the end.
-    let buffer = unsafe {
-        let buffer = pg_sys::ReadBuffer(rel, block);
-        pg_sys::LockBuffer(buffer, pg_sys::BUFFER_LOCK_EXCLUSIVE as c_int);
-        buffer
-    };
+    // SAFETY: the block exists; pinned here, locked exclusively below, released at the end.
+    let buffer = unsafe { pg_sys::ReadBuffer(rel, block) };
+    // Test builds: a pause with the page pinned but not locked, where a rewrite or an index
+    // build that took no account of the table lock would read the page and commit before the
+    // write.
+    #[cfg(feature = "clock-fault")]
+    {
+        let pause = guc::test_high_water_pause_ms();
+        if pause > 0 {
+            // SAFETY: a plain sleep in the worker (test builds only).
+            unsafe { pg_sys::pg_usleep((pause * 1000) as std::ffi::c_long) };
+        }
+    }
+    // SAFETY: our own pin.
+    unsafe { pg_sys::LockBuffer(buffer, pg_sys::BUFFER_LOCK_EXCLUSIVE as c_int) };
     // SAFETY: our exclusively locked buffer: nobody else writes the page until we unlock it.
     let page = unsafe {
         std::slice::from_raw_parts(

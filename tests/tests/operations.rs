@@ -271,8 +271,6 @@ fn held(c: &mut Client, secs: Duration, sqls: &[&str], end: &str) {
     c.batch_execute(end).unwrap_or_else(|e| panic!("{end}: {}", pg_error_string(&e)));
 }
 
-const TABLES: [&str; 3] = ["tsoracle.high_water", "tsoracle.seq", "tsoracle.lease"];
-
 /// A cluster for the suite: prepared transactions allowed, autovacuum on its own schedule.
 fn ops_node(name: &str) -> Node {
     let node = serving_node(
@@ -379,7 +377,11 @@ fn run_operations(name: &str, operations: Vec<Operation>) {
 }
 
 /// Locks: the lock that VACUUM and friends hold, CREATE INDEX and REINDEX in an open
-/// transaction, VACUUM FULL queued behind a long reader.
+/// transaction, VACUUM FULL queued behind a long reader. On `tsoracle.high_water` the last
+/// three keep the worker's raise out (its table lock conflicts with them: an index built or
+/// a file copied around an in-place write would miss it), so timestamps stop once the window
+/// is used up: docs/operations/maintenance.md lists them under "What does stop timestamps",
+/// and they run here on the other tables only.
 #[test]
 fn locks_held_by_maintenance_stall_nothing() {
     run_operations(
@@ -394,14 +396,13 @@ fn locks_held_by_maintenance_stall_nothing() {
                     s,
                     &[
                         "CREATE INDEX ON tsoracle.seq (updated_at)",
-                        "CREATE INDEX ON tsoracle.high_water (updated_at)",
                         "CREATE INDEX ON tsoracle.lease (expires_at_ms)",
                     ],
                     "ROLLBACK",
                 )
             }),
             op("REINDEX in an open transaction", |_, c, s| {
-                held(c, s, &TABLES.map(|t| format!("REINDEX TABLE {t}")).iter().map(String::as_str).collect::<Vec<_>>(), "COMMIT")
+                held(c, s, &["REINDEX TABLE tsoracle.seq", "REINDEX TABLE tsoracle.lease"], "COMMIT")
             }),
             op("VACUUM FULL queued behind a long reader", |node, c, s| {
                 let mut reader = node.connect();
@@ -409,8 +410,7 @@ fn locks_held_by_maintenance_stall_nothing() {
                 let conninfo = node.conninfo();
                 let vacuum = thread::spawn(move || {
                     let mut v = Client::connect(&conninfo, NoTls).unwrap();
-                    v.batch_execute("VACUUM FULL tsoracle.seq").map_err(|e| pg_error_string(&e))?;
-                    v.batch_execute("VACUUM FULL tsoracle.high_water").map_err(|e| pg_error_string(&e))
+                    v.batch_execute("VACUUM FULL tsoracle.seq").map_err(|e| pg_error_string(&e))
                 });
                 thread::sleep(s);
                 reader.batch_execute("COMMIT").unwrap();
