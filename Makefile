@@ -147,8 +147,9 @@ test-install: deps
 	TSORACLE_BUILD_PG_CONFIG="$$sys/pg_config" TSORACLE_PG_BIN="$$bin" cargo test -p tsoracle-tests --test install
 
 ## Debian packages, one per supported major, in target/packages (scripts/package-deb.sh).
-package: deps
-	for m in $(PG_MAJORS); do scripts/package-deb.sh $$m target/packages || exit 1; done
+## It needs each major's build dependencies only (no Patroni, etcd, PgBouncer or Prometheus).
+package:
+	for m in $(PG_MAJORS); do scripts/install-deps.sh $$m && scripts/package-deb.sh $$m target/packages || exit 1; done
 
 # The PostgreSQL 15 package installed with dpkg on this machine, the others' file lists.
 test-package: package

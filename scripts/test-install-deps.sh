@@ -39,6 +39,9 @@ done
 check "make test installs every supported major" \
     test "$(count "$t" '^postgresql ')" = "$(awk '$0 !~ /^#/ && $1 ~ /^[0-9]+$/' "$HERE/postgresql-versions" | wc -l)"
 check "make test installs pg_repack for Debian's PostgreSQL 15" has "$t" "package postgresql-15-repack"
+pkg=$(make -s -n -C "$HERE/.." package 2>/dev/null)
+check "make package installs each major's build dependencies only (no Patroni, etcd, PgBouncer, Prometheus)" \
+    bash -c "grep -q 'install-deps.sh' <<<'$pkg' && ! grep -q -- '--test' <<<'$pkg' && ! grep -qE '^make.* deps' <<<'$pkg'"
 
 # An install touches nothing it did not bring: a host's own Debian cluster 15/main, running
 # before, is still running afterwards, the same postmaster (its start time unchanged).

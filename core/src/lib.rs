@@ -7,6 +7,7 @@ pub mod clock;
 pub mod error;
 pub mod fence;
 pub mod fleet;
+pub mod ha;
 pub mod lease;
 pub mod locks;
 pub mod member;

@@ -17,6 +17,8 @@ static LEASE_TTL_MAX_MS: GucSetting<i32> = GucSetting::<i32>::new(300_000);
 static MAX_LEAD_MS: GucSetting<i32> = GucSetting::<i32>::new(10_000);
 static REQUIRE_SYNCHRONOUS_STANDBY: GucSetting<bool> = GucSetting::<bool>::new(false);
 static HA_TTL_MS: GucSetting<i32> = GucSetting::<i32>::new(0);
+static HA_LOOP_WAIT_MS: GucSetting<i32> = GucSetting::<i32>::new(10_000);
+static HA_RETRY_TIMEOUT_MS: GucSetting<i32> = GucSetting::<i32>::new(10_000);
 static EXPIRED_LEASE_RETENTION_MS: GucSetting<i32> = GucSetting::<i32>::new(600_000);
 static ALLOW_DROP: GucSetting<bool> = GucSetting::<bool>::new(false);
 static RESOLVED_INTERVAL_MS: GucSetting<i32> = GucSetting::<i32>::new(100);
@@ -152,8 +154,28 @@ pub fn define() {
     GucRegistry::define_int_guc(
         c"tsoracle.ha_ttl_ms",
         c"The leader TTL of the HA manager (Patroni's ttl), if any; 0 = none.",
-        c"The worker warns when tsoracle.window_ahead_ms is not at most half of it: a primary cut off from its synchronous standby issues for up to window_ahead_ms, and a new leader must not be elected before that.",
+        c"With tsoracle.ha_loop_wait_ms and tsoracle.ha_retry_timeout_ms, the worker warns unless window_ahead_ms + 1 s < ttl - loop_wait - retry_timeout: a leader frozen or cut off still issues for up to loop_wait + retry_timeout + window_ahead_ms, and no new leader is elected before ttl.",
         &HA_TTL_MS,
+        0,
+        86_400_000,
+        GucContext::Sighup,
+        GucFlags::UNIT_MS,
+    );
+    GucRegistry::define_int_guc(
+        c"tsoracle.ha_loop_wait_ms",
+        c"The HA manager's loop interval (Patroni's loop_wait), checked with tsoracle.ha_ttl_ms.",
+        c"Patroni's default is 10 s.",
+        &HA_LOOP_WAIT_MS,
+        0,
+        86_400_000,
+        GucContext::Sighup,
+        GucFlags::UNIT_MS,
+    );
+    GucRegistry::define_int_guc(
+        c"tsoracle.ha_retry_timeout_ms",
+        c"How long the HA manager's leader retries before it demotes itself (Patroni's retry_timeout).",
+        c"Patroni's default is 10 s.",
+        &HA_RETRY_TIMEOUT_MS,
         0,
         86_400_000,
         GucContext::Sighup,
@@ -321,6 +343,14 @@ pub fn require_synchronous_standby() -> bool {
 
 pub fn ha_ttl_ms() -> u64 {
     HA_TTL_MS.get().max(0) as u64
+}
+
+pub fn ha_loop_wait_ms() -> u64 {
+    HA_LOOP_WAIT_MS.get().max(0) as u64
+}
+
+pub fn ha_retry_timeout_ms() -> u64 {
+    HA_RETRY_TIMEOUT_MS.get().max(0) as u64
 }
 
 pub fn allow_drop() -> bool {

@@ -5,6 +5,8 @@ use crate::pg::guc;
 use crate::shmem::ORACLE;
 use pgrx::bgworkers::BackgroundWorker;
 use pgrx::prelude::*;
+use tsoracle_core::ha;
+use tsoracle_core::ha;
 
 /// Settings the worker forces at override level, above postgresql.conf, `ALTER SYSTEM`,
 /// `ALTER DATABASE … SET` and `ALTER ROLE … SET`: it runs as a superuser in a database that
@@ -80,15 +82,19 @@ pub(super) fn note_database_encoding() {
     ORACLE.exclusive().ascii_names_only = !utf8;
 }
 
-/// Under an HA manager, a primary cut off from its synchronous standby still issues for up
-/// to `window_ahead_ms` (its last confirmed commit ages out), and the manager elects a new
-/// primary no sooner than its TTL: real-time order across the failover needs
-/// `window_ahead_ms + clock error < ttl`. Warn unless the window is at most half the TTL.
+/// Under an HA manager, a leader frozen or cut off from its synchronous standby just before
+/// it would renew its key still issues for up to `loop_wait + retry_timeout + window_ahead_ms`,
+/// and the manager elects a new leader no sooner than `ttl`: real-time order across that
+/// failover needs `window_ahead_ms + clock error < ttl − loop_wait − retry_timeout`
+/// (`tsoracle_core::ha`). Warn unless that leaves at least a second for the clocks' error.
 pub(super) fn warn_if_window_exceeds_ha_ttl() {
     let (window, ttl) = (guc::window_ahead_ms(), guc::ha_ttl_ms());
-    if ttl > 0 && window.saturating_mul(2) > ttl {
+    let (loop_wait, retry) = (guc::ha_loop_wait_ms(), guc::ha_retry_timeout_ms());
+    if ha::window_too_long_for_ha(window, ttl, loop_wait, retry) {
+        let margin = ha::failover_clock_margin_ms(window, ttl, loop_wait, retry);
         pgrx::warning!(
-            "tsoracle.window_ahead_ms ({window} ms) is more than half of tsoracle.ha_ttl_ms ({ttl} ms): a primary frozen or cut off from its synchronous standby could issue timestamps after a new primary is elected; lower window_ahead_ms so that window_ahead_ms + clock error < ttl with room to spare"
+            "tsoracle.window_ahead_ms ({window} ms) is too long for the HA manager's timing: ttl ({ttl} ms) - loop_wait ({loop_wait} ms) - retry_timeout ({retry} ms) - window_ahead_ms leaves {margin} ms for the error between two leaders' clocks, less than {} ms; a leader frozen or cut off could issue timestamps after a new one began. Lower tsoracle.window_ahead_ms, or check tsoracle.ha_loop_wait_ms and tsoracle.ha_retry_timeout_ms against the manager's configuration",
+            ha::CLOCK_ERROR_ALLOWANCE_MS
         );
     }
 }

@@ -175,6 +175,15 @@ fn a_fleet_issues_one_order_through_failover_restarts_and_lost_connections() {
     }
     assert_eq!(m.value("tsoracle_member_connected").unwrap(), 1.0);
     assert!(m.value("tsoracle_member_round_trips_total").unwrap() >= round_trips as f64);
+    // A member: no window of its own, so the alerts on the window leave it alone.
+    assert_eq!(m.value("tsoracle_member").unwrap(), 1.0);
+    assert_eq!(m.value("tsoracle_primary").unwrap(), 0.0);
+    assert_eq!(m.value("tsoracle_fleet_members").unwrap(), 0.0);
+    // The oracle's standby (the promoted one serves now): both members registered, R_f published.
+    let exporter = Exporter::start("oracle", &standby, "postgres").expect("postgres_exporter");
+    let o = exporter.scrape().expect("scrape");
+    assert_eq!(o.value("tsoracle_fleet_members").unwrap(), 2.0);
+    assert!(o.value("tsoracle_fleet_resolved_physical_seconds").unwrap() > 0.0);
 }
 
 /// A member's resolved timestamp: below the value an open transaction on it holds, and past

@@ -12,8 +12,8 @@ use tsoracle_tests::tso::{
     self, durable_high_water, show, status, tso_next, tso_next_batch, tso_seed, MAX_BATCH,
 };
 use tsoracle_tests::{
-    expect_sqlstate, now_ms, ops, physical, poll_until, serving_node, History, Load, LoadOptions,
-    Node, NodeOpts, StopMode,
+    expect_sqlstate, now_ms, ops, physical, poll_until, seqlease, serving_node, wait_for, History,
+    Load, LoadOptions, Node, NodeOpts, StopMode,
 };
 
 /// Raw `pg_settings.setting` of a GUC (no unit suffix) and its `min_val`.
@@ -561,4 +561,31 @@ fn not_serving_until_created_in_the_configured_database() {
     let b = tso_next(&mut c).expect("the postgres database uses the same oracle");
     let d = tso_next(&mut oracle).unwrap();
     assert!(a < b && b < d, "one order across databases: {a} {b} {d}");
+}
+
+/// `tsoracle.ha_ttl_ms` with the manager's `loop_wait` and `retry_timeout`
+/// (`tsoracle.ha_loop_wait_ms`, `tsoracle.ha_retry_timeout_ms`, Patroni's defaults of 10 s
+/// each): the worker warns, at start and at reload, unless `window_ahead_ms` + 1 s <
+/// `ttl − loop_wait − retry_timeout` (docs/operations/patroni.md). A window of 9.5 s under a
+/// TTL of 30 s — under half of it — is warned; the manager's shorter loop and retry make it
+/// safe again.
+#[test]
+fn the_worker_warns_of_a_window_too_long_for_the_ha_managers_timing() {
+    const WARNING: &str = "is too long for the HA manager's timing";
+    let node = serving_node(
+        "ha-timing",
+        NodeOpts::new()
+            .setting("tsoracle.ha_ttl_ms", 30_000)
+            .setting("tsoracle.window_ahead_ms", 3_000),
+    );
+    let warnings = || node.log_contents().matches(WARNING).count();
+    assert_eq!(warnings(), 0, "3 s leaves 7 s of the 30 s TTL: no warning");
+    seqlease::alter_system(&node, "tsoracle.window_ahead_ms", Some("9500")).unwrap();
+    wait_for("the warning at reload", Duration::from_secs(10), || warnings() > 0);
+    let warned = warnings();
+    seqlease::alter_system(&node, "tsoracle.ha_loop_wait_ms", Some("1000")).unwrap();
+    seqlease::alter_system(&node, "tsoracle.ha_retry_timeout_ms", Some("5000")).unwrap();
+    // Two reloads more; the worker re-reads its configuration within a pass.
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(warnings(), warned, "30 - 1 - 5 - 9.5 s leaves 14.5 s: no new warning");
 }

@@ -731,6 +731,10 @@ fn the_exporter_reports_what_tso_status_says() {
     assert_eq!((st.state.as_str(), after.status.state.as_str()), ("serving", "serving"));
     assert_eq!(value(&m, "tsoracle_serving"), 1.0);
     assert_eq!(value(&m, "tsoracle_primary"), 1.0);
+    assert_eq!(value(&m, "tsoracle_member"), 0.0);
+    // No fleet: no member, no R_f published.
+    assert_eq!(value(&m, "tsoracle_fleet_members"), 0.0);
+    assert_eq!(value(&m, "tsoracle_fleet_resolved_lag_seconds"), 0.0);
     let info = m.samples_of("tsoracle_status_info");
     assert_eq!(info.len(), 1);
     assert_eq!(
@@ -848,6 +852,7 @@ fn the_exporter_reports_what_tso_status_says() {
     assert_eq!(s_status_before.state, "standby");
     assert_eq!(value(&ms, "tsoracle_serving"), 0.0);
     assert_eq!(value(&ms, "tsoracle_primary"), 0.0);
+    assert_eq!(value(&ms, "tsoracle_member"), 0.0);
     let info = ms.samples_of("tsoracle_status_info");
     assert_eq!(
         (info[0].labels["role"].as_str(), info[0].labels["state"].as_str()),

@@ -81,12 +81,27 @@ impl PatroniOpts {
         self
     }
 
-    /// [`DEFAULT_PARAMETERS`], then `tsoracle.ha_ttl_ms` (`ttl` in ms), then
+    /// [`DEFAULT_PARAMETERS`], then `tsoracle.ha_ttl_ms`, `ha_loop_wait_ms` and
+    /// `ha_retry_timeout_ms` (`ttl`, `loop_wait`, `retry_timeout` in ms), then
     /// [`PatroniOpts::parameters`] applied in order.
     pub fn all_parameters(&self) -> Vec<(String, String)> {
         let mut v: Vec<(String, String)> =
             DEFAULT_PARAMETERS.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
         v.insert(2, ("tsoracle.ha_ttl_ms".to_string(), (u64::from(self.ttl) * 1000).to_string()));
+        v.insert(
+            3,
+            (
+                "tsoracle.ha_loop_wait_ms".to_string(),
+                (u64::from(self.loop_wait) * 1000).to_string(),
+            ),
+        );
+        v.insert(
+            4,
+            (
+                "tsoracle.ha_retry_timeout_ms".to_string(),
+                (u64::from(self.retry_timeout) * 1000).to_string(),
+            ),
+        );
         for (k, val) in &self.parameters {
             match v.iter_mut().find(|(name, _)| name == k) {
                 Some(slot) => slot.1 = val.clone(),
