@@ -6,7 +6,6 @@ use crate::shmem::ORACLE;
 use pgrx::bgworkers::BackgroundWorker;
 use pgrx::prelude::*;
 use tsoracle_core::ha;
-use tsoracle_core::ha;
 
 /// Settings the worker forces at override level, above postgresql.conf, `ALTER SYSTEM`,
 /// `ALTER DATABASE … SET` and `ALTER ROLE … SET`: it runs as a superuser in a database that
