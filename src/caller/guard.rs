@@ -34,7 +34,11 @@ pub fn init() {
     }
 }
 
-#[pg_guard]
+/// Runs for every object access of every backend (each function a query executes included),
+/// so it does no more than chain and compare unless an object is dropped. No pgrx guard here:
+/// nothing in it can raise an error or panic but the previous hook, which PostgreSQL's
+/// convention lets raise (its longjmp passes this frame, which owns nothing to drop), and the
+/// drop check, which has its own guard.
 unsafe extern "C-unwind" fn object_access(
     access: pg_sys::ObjectAccessType::Type,
     class_id: pg_sys::Oid,
@@ -47,11 +51,19 @@ unsafe extern "C-unwind" fn object_access(
         // SAFETY: the previous hook, with the arguments PostgreSQL gave us.
         unsafe { previous(access, class_id, object_id, sub_id, arg) };
     }
+    if access == pg_sys::ObjectAccessType::OAT_DROP && sub_id == 0 {
+        // SAFETY: a guarded function, called from the hook with PostgreSQL's arguments.
+        unsafe { check_drop(class_id, object_id) };
+    }
+}
+
+/// Refuse (or warn of) the drop of an object that holds the order.
+#[pg_guard]
+unsafe extern "C-unwind" fn check_drop(class_id: pg_sys::Oid, object_id: pg_sys::Oid) {
     // pg_upgrade (`postgres -b`) rebuilds the new cluster's databases before its files are
     // replaced by the old cluster's: nothing there holds the order yet.
     // SAFETY: a process-local global set at postmaster start.
-    let binary_upgrade = unsafe { pg_sys::IsBinaryUpgrade };
-    if access != pg_sys::ObjectAccessType::OAT_DROP || sub_id != 0 || binary_upgrade {
+    if unsafe { pg_sys::IsBinaryUpgrade } {
         return;
     }
     if let Some(what) = guarded(class_id, object_id) {

@@ -78,12 +78,19 @@ fn register_callbacks() {
     }
 }
 
-#[pg_guard]
+/// Registered once per process, it runs on every transaction event of this backend from then
+/// on, also in transactions that take no value: so it does no more than test a flag unless
+/// this transaction holds values. No pgrx guard here: nothing in it can raise an error or
+/// panic (atomics on this backend's slot), but the refusal of `PREPARE`, which has its own
+/// guard (its error's longjmp passes this frame, which owns nothing to drop).
 unsafe extern "C-unwind" fn xact_callback(
     event: pg_sys::XactEvent::Type,
     _arg: *mut std::ffi::c_void,
 ) {
     use pg_sys::XactEvent::*;
+    if !HELD.load(Ordering::Relaxed) {
+        return;
+    }
     match event {
         // After ProcArrayEndTransaction: the commit is visible to every new snapshot.
         XACT_EVENT_COMMIT
@@ -91,9 +98,15 @@ unsafe extern "C-unwind" fn xact_callback(
         | XACT_EVENT_PARALLEL_COMMIT
         | XACT_EVENT_PARALLEL_ABORT
         | XACT_EVENT_PREPARE => release(),
-        XACT_EVENT_PRE_PREPARE if HELD.load(Ordering::Relaxed) => TsoError::PrepareRefused.report(),
+        // SAFETY: a guarded function that raises the refusal as a PostgreSQL error.
+        XACT_EVENT_PRE_PREPARE => unsafe { refuse_prepare() },
         _ => {}
     }
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn refuse_prepare() {
+    TsoError::PrepareRefused.report()
 }
 
 #[pg_guard]
