@@ -160,7 +160,7 @@ fn table() -> Option<pg_sys::Oid> {
 /// bigint, updated_at timestamptz, ...)`.
 ///
 /// # Safety
-/// `rel` is an open relation.
+/// `rel` is a valid relcache entry.
 unsafe fn expected_shape(rel: pg_sys::Relation) -> bool {
     // SAFETY: rd_rel and rd_att are valid for a relcache entry.
     let (form, desc, natts) = unsafe { (&*(*rel).rd_rel, (*rel).rd_att, (*(*rel).rd_att).natts) };
@@ -195,12 +195,17 @@ fn in_place(plan: Plan<'_>) -> InPlace {
     // The lock's acquisition reads the invalidations of everything committed before it: the
     // relcache entry opened under it is current.
     let written = with_table_locked(relid, || {
-        // SAFETY: the table is locked; closed below.
-        let rel = unsafe { pg_sys::table_open(relid, pg_sys::NoLock as c_int) };
-        // SAFETY: rel is open and locked until table_close.
+        // SAFETY: a relcache entry by OID under the table lock (NULL if the table was dropped
+        // since it was looked up: then no write), closed below.
+        let rel = unsafe { pg_sys::RelationIdGetRelation(relid) };
+        if rel.is_null() {
+            return Written::NotHere;
+        }
+        // SAFETY: rel is a valid, locked relcache entry until RelationClose.
         let outcome = unsafe { write_rel(rel, relid, plan) };
-        // SAFETY: closes what table_open opened; the lock stays until with_table_locked ends.
-        unsafe { pg_sys::table_close(rel, pg_sys::NoLock as c_int) };
+        // SAFETY: releases the reference taken above; the lock stays until
+        // with_table_locked ends.
+        unsafe { pg_sys::RelationClose(rel) };
         outcome
     });
     match written {
@@ -233,7 +238,8 @@ enum Written {
 }
 
 /// # Safety
-/// `rel` is `tsoracle.high_water` (`relid`), open and locked by `with_table_locked`.
+/// `rel` is the relcache entry of `tsoracle.high_water` (`relid`), referenced by the caller and
+/// locked by `with_table_locked`.
 unsafe fn write_rel(rel: pg_sys::Relation, relid: pg_sys::Oid, plan: Plan<'_>) -> Written {
     // SAFETY: as the function's contract; rd_rel is valid for the open relation.
     let (shaped, refusal, relfilenode) = unsafe {
@@ -285,7 +291,8 @@ enum Block {
 /// Look for the live row in `block` (at `offset` only, if given) and write it.
 ///
 /// # Safety
-/// `rel` is an open, locked relation of a permanent heap table; `block` exists in it.
+/// `rel` is a referenced, locked relcache entry of a permanent heap table; `block` exists in
+/// it.
 unsafe fn write_block(
     rel: pg_sys::Relation,
     block: u32,

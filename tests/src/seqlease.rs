@@ -56,6 +56,22 @@ pub fn seq(c: &mut Client, key: &str, count: i32) -> std::result::Result<i64, po
     c.query_one("SELECT tso_seq($1, $2)", &[&key, &count])?.try_get(0)
 }
 
+/// [`seq`], panicking with the error.
+#[track_caller]
+pub fn seq_ok(c: &mut Client, key: &str, count: i32) -> i64 {
+    seq(c, key, count)
+        .unwrap_or_else(|e| panic!("tso_seq({key}, {count}): {}", crate::pg_error_string(&e)))
+}
+
+/// The worker's group commits so far (`tso_status().group_commits`): unmoved across a call,
+/// the call was served in place.
+#[track_caller]
+pub fn group_commits(c: &mut Client) -> i64 {
+    queue_counters(c)
+        .unwrap_or_else(|e| panic!("tso_status(): {}", crate::pg_error_string(&e)))
+        .group_commits
+}
+
 /// `tso_seq_peek(key)`.
 pub fn peek(c: &mut Client, key: &str) -> std::result::Result<Option<i64>, postgres::Error> {
     c.query_one("SELECT tso_seq_peek($1)", &[&key])?.try_get(0)

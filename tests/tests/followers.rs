@@ -28,25 +28,13 @@ use std::time::{Duration, Instant};
 use postgres::Client;
 use tsoracle_tests::cluster::wait_replayed;
 use tsoracle_tests::seqlease::{
-    alter_system, queue_counters, seq, seq_totals, sqlstate_of, SeqLoad, SeqLoadOptions,
+    alter_system, group_commits, seq, seq_ok, seq_totals, sqlstate_of, SeqLoad, SeqLoadOptions,
 };
 use tsoracle_tests::tso::durable_high_water;
 use tsoracle_tests::{
     ops, pg_error_string, physical, serving_node, DenseHistory, History, Load, LoadOptions, Node,
     NodeOpts,
 };
-
-fn group_commits(c: &mut Client) -> i64 {
-    queue_counters(c)
-        .unwrap_or_else(|e| panic!("tso_status(): {}", pg_error_string(&e)))
-        .group_commits
-}
-
-#[track_caller]
-fn seq_ok(c: &mut Client, key: &str, count: i32) -> i64 {
-    seq(c, key, count)
-        .unwrap_or_else(|e| panic!("tso_seq({key}, {count}): {}", pg_error_string(&e)))
-}
 
 #[track_caller]
 fn exec(c: &mut Client, sql: &str) {

@@ -21,23 +21,11 @@ use std::time::{Duration, Instant};
 use postgres::Client;
 use tsoracle_tests::cluster::{make_sync, wait_replayed};
 use tsoracle_tests::seqlease::{
-    queue_counters, seq, seq_totals, sqlstate_of, SeqLoad, SeqLoadOptions,
+    group_commits, seq, seq_ok, seq_totals, sqlstate_of, SeqLoad, SeqLoadOptions,
 };
 use tsoracle_tests::{
     pg_error_string, serving_node, wait_for, DenseHistory, Node, NodeOpts, StopMode,
 };
-
-fn group_commits(c: &mut Client) -> i64 {
-    queue_counters(c)
-        .unwrap_or_else(|e| panic!("tso_status(): {}", pg_error_string(&e)))
-        .group_commits
-}
-
-#[track_caller]
-fn seq_ok(c: &mut Client, key: &str, count: i32) -> i64 {
-    seq(c, key, count)
-        .unwrap_or_else(|e| panic!("tso_seq({key}, {count}): {}", pg_error_string(&e)))
-}
 
 fn counter(c: &mut Client, key: &str) -> Option<i64> {
     seq_totals(c)
