@@ -396,11 +396,18 @@ rec info busy_before "$(busy_pct 3)"
 if want throughput; then
 # SELECT clock_timestamp() is there to show what calling any function costs a one-call
 # statement (against SELECT 1, which calls none).
-echo "==> throughput: tso_next() vs SELECT 1 vs nextval('s') vs clock_timestamp() (clients: $CLIENTS)" >&2
+echo "==> throughput: tso_next() vs SELECT 1 vs nextval('s') vs clock_timestamp() vs pg_backend_pid() (clients: $CLIENTS)" >&2
+# SELECT pg_backend_pid() is a built-in function as trivial as one gets. The after_* pair:
+# sessions that called tso_next() (or clock_timestamp()) once, then only SELECT 1: what a
+# backend's later transactions pay for having once called tsoracle (pgbench -D done=0; each
+# client's first transaction sets done).
 for c in $CLIENTS; do
     RUN_SECS=3 run_pgbench warmup select1 "$c" 0 2>/dev/null   # connections, caches, CPU frequency
     for r in $(seq 1 "$REPS"); do
-        interleave "$c" "$r" select1 tso_next nextval clock
+        interleave "$c" "$r" select1 tso_next nextval clock pid
+        for w in $(rotated "$r" after_tso_next after_clock); do
+            run_pgbench "$w" "$w" "$c" "$r" -D done=0
+        done
     done
 done
 fi

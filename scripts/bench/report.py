@@ -290,6 +290,14 @@ def tps_row(label, cw, blabel, bw, c, target=None):
              noisy(cand, base, busy_keys=[(cw, c), (bw, c)]))
 
 
+# 1'. tso_next() against a built-in trivial function; what later transactions of a session
+# that once called tsoracle pay.
+for c in clients_list:
+    tps_row("SELECT tso_next()", "tso_next", "SELECT pg_backend_pid()", "pid", c, 0.97)
+for c in clients_list:
+    tps_row("SELECT 1, after one tso_next() in the session", "after_tso_next",
+            "SELECT 1, after one clock_timestamp()", "after_clock", c, 0.99)
+
 # 4b. tso_seq against the durable-commit ceiling (one-row INSERT commits)
 for c in sorted({c for (w, c) in tps if w == "ceil_tso_seq"}):
     tps_row("SELECT tso_seq('k', 100)", "ceil_tso_seq", "one-row INSERT commits", "ceil_ins_commit", c, 0.90)
