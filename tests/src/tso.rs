@@ -137,6 +137,22 @@ pub fn durable_high_water(client: &mut Client) -> Result<Option<i64>, postgres::
     client.query_one("SELECT max(physical_ms)::bigint FROM tsoracle.high_water", &[])?.try_get(0)
 }
 
+/// The durable high-water read now is at or above the physical part of `served`, a timestamp
+/// returned before this read (`None`: nothing served yet); `after` says what ran in between.
+#[track_caller]
+pub fn assert_high_water_covers(client: &mut Client, served: Option<i64>, after: &str) {
+    let table = durable_high_water(client)
+        .unwrap_or_else(|e| panic!("tsoracle.high_water: {}", crate::pg_error_string(&e)))
+        .expect("the high-water row");
+    if let Some(v) = served {
+        assert!(
+            physical(v) <= table,
+            "after {after}: table high-water {table} below a served timestamp's {}",
+            physical(v)
+        );
+    }
+}
+
 /// `SHOW <name>`.
 pub fn show(client: &mut Client, name: &str) -> Result<String, postgres::Error> {
     client.query_one("SELECT current_setting($1)", &[&name])?.try_get(0)

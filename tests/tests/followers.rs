@@ -30,7 +30,7 @@ use tsoracle_tests::cluster::wait_replayed;
 use tsoracle_tests::seqlease::{
     alter_system, group_commits, seq, seq_ok, seq_totals, sqlstate_of, SeqLoad, SeqLoadOptions,
 };
-use tsoracle_tests::tso::durable_high_water;
+use tsoracle_tests::tso::assert_high_water_covers;
 use tsoracle_tests::{
     ops, pg_error_string, physical, serving_node, DenseHistory, History, Load, LoadOptions, Node,
     NodeOpts,
@@ -270,14 +270,7 @@ fn a_hot_standby_stays_up_through_rewrites_of_the_high_water() {
         {
             let served = history.max_value();
             exec(&mut su, sql);
-            let table = durable_high_water(&mut su).unwrap().expect("the high-water row");
-            if let Some(v) = served {
-                assert!(
-                    physical(v) <= table,
-                    "after {sql}: table high-water {table} below a served timestamp's {}",
-                    physical(v)
-                );
-            }
+            assert_high_water_covers(&mut su, served, sql);
         }
         rounds += 1;
     }

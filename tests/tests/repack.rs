@@ -15,10 +15,10 @@ use std::time::{Duration, Instant};
 use tsoracle_tests::backup::run_as_postgres;
 use tsoracle_tests::node::pg_bin_dir;
 use tsoracle_tests::seqlease::{seq, seq_totals, SeqLoad, SeqLoadOptions};
-use tsoracle_tests::tso::durable_high_water;
+use tsoracle_tests::tso::assert_high_water_covers;
 use tsoracle_tests::{
-    ops, pg_error_string, physical, serving_node, DenseHistory, History, Load, LoadOptions,
-    NodeOpts, StopMode,
+    ops, pg_error_string, serving_node, DenseHistory, History, Load, LoadOptions, NodeOpts,
+    StopMode,
 };
 
 /// `pg_repack -t tsoracle.<table>` of `node`'s database, as the postgres OS user; whether it
@@ -69,14 +69,7 @@ fn pg_repack_of_the_extensions_tables_loses_no_advance() {
                 panic!("pg_repack -t tsoracle.{table}: {e}");
             }
             runs += 1;
-            let table_ms = durable_high_water(&mut su).unwrap().expect("the high-water row");
-            if let Some(v) = served {
-                assert!(
-                    physical(v) <= table_ms,
-                    "after repacking tsoracle.{table}: table high-water {table_ms} below a served timestamp's {}",
-                    physical(v)
-                );
-            }
+            assert_high_water_covers(&mut su, served, &format!("repacking tsoracle.{table}"));
         }
     }
     let before_restart = history.max_value().expect("tso_next() served");
