@@ -4,6 +4,8 @@
 //!   shared its round trip, in order: each gets a range of its own, and together they tile it.
 //! - [`floor_after`]: where every later value from the oracle starts, once an answer came.
 //! - [`EpochGate`]: answers from an epoch older than one already seen are refused.
+//! - [`OwnPast`]: what a cluster issued on its own before it joined the fleet; nothing the
+//!   oracle answers at or below it is handed out.
 
 /// The first value of each call's range, for calls asking `counts` values each, out of the
 /// answer that starts at `first` (the oracle answered `counts.iter().sum()` values).
@@ -63,5 +65,77 @@ impl EpochGate {
         }
         self.seen = epoch;
         Ok(())
+    }
+}
+
+/// What a cluster issued on its own, as its own tables hold it when its worker starts as a
+/// member: the durable high-water (every timestamp it issued, and every lease bound it granted,
+/// is in a millisecond at or below it) and the counters (every block it granted of a key is
+/// below the key's `next`). A cluster that joins a fleet has the oracle seeded above both
+/// (docs/operations/fleet.md); one that joined without it must not hand out the oracle's
+/// values that repeat its own.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct OwnPast {
+    high_water_ms: u64,
+    counters: std::collections::HashMap<String, u64>,
+}
+
+/// A value from the oracle that repeats one this cluster issued on its own.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum BelowOwnPast {
+    #[error("the oracle's timestamps are in millisecond {got_ms}, at or below this cluster's own high-water {high_water_ms} ms: this cluster issued timestamps there before it joined the fleet")]
+    Timestamps { got_ms: u64, high_water_ms: u64 },
+    #[error("the oracle's block of counter \"{key}\" starts at {start}, below {next}, where this cluster's own counter stood before it joined the fleet")]
+    Counter { key: String, start: u64, next: u64 },
+}
+
+impl OwnPast {
+    /// The past read from the cluster's own tables: its high-water (0 if it never served on
+    /// its own) and each counter's `next`.
+    pub fn new(high_water_ms: u64, counters: impl IntoIterator<Item = (String, u64)>) -> Self {
+        let mut map = std::collections::HashMap::new();
+        for (key, next) in counters {
+            let at = map.entry(key).or_insert(0);
+            *at = next.max(*at);
+        }
+        OwnPast { high_water_ms, counters: map }
+    }
+
+    pub fn high_water_ms(&self) -> u64 {
+        self.high_water_ms
+    }
+
+    /// The oracle's timestamps from `first` on (an answer is ascending) may be handed out:
+    /// their millisecond is past every one this cluster issued in.
+    pub fn check_timestamps(&self, first: u64) -> Result<(), BelowOwnPast> {
+        let got_ms = crate::timestamp::physical_ms(first);
+        if got_ms > self.high_water_ms {
+            Ok(())
+        } else {
+            Err(BelowOwnPast::Timestamps { got_ms, high_water_ms: self.high_water_ms })
+        }
+    }
+
+    /// A lease whose holder stamps from millisecond `lower_bound_ms` on may be handed out.
+    pub fn check_lease(&self, lower_bound_ms: u64) -> Result<(), BelowOwnPast> {
+        if lower_bound_ms > self.high_water_ms {
+            Ok(())
+        } else {
+            Err(BelowOwnPast::Timestamps {
+                got_ms: lower_bound_ms,
+                high_water_ms: self.high_water_ms,
+            })
+        }
+    }
+
+    /// A block of `key` from `start` on may be handed out: it starts at or above every value
+    /// this cluster granted of the key itself.
+    pub fn check_block(&self, key: &str, start: u64) -> Result<(), BelowOwnPast> {
+        match self.counters.get(key) {
+            Some(&next) if start < next => {
+                Err(BelowOwnPast::Counter { key: key.to_string(), start, next })
+            }
+            _ => Ok(()),
+        }
     }
 }

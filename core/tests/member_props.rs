@@ -1,7 +1,8 @@
 //! Properties of a member's proxy arithmetic (`tsoracle_core::member`).
 
 use proptest::prelude::*;
-use tsoracle_core::member::{floor_after, parse_next_answer, split, EpochGate};
+use tsoracle_core::member::{floor_after, parse_next_answer, split, EpochGate, OwnPast};
+use tsoracle_core::timestamp::{pack, MAX_LOGICAL};
 
 proptest! {
     /// The calls' ranges are disjoint, in order, tile the answer exactly, and all lie below
@@ -45,5 +46,36 @@ proptest! {
             highest = highest.max(e);
             prop_assert_eq!(gate.seen(), highest);
         }
+    }
+}
+
+proptest! {
+    /// A cluster that joined a fleet hands out no timestamp of the oracle that it could have
+    /// issued on its own (every one in a millisecond at or below its high-water), and every
+    /// one it admits is above all of those.
+    #[test]
+    fn own_past_admits_only_timestamps_above_all_it_issued(
+        high_water_ms in 0u64..(1 << 45),
+        physical in 0u64..(1 << 45),
+        logical in 0u64..=MAX_LOGICAL,
+    ) {
+        let own = OwnPast::new(high_water_ms, Vec::new());
+        let ts = pack(physical, logical).unwrap();
+        let highest_own = pack(high_water_ms, MAX_LOGICAL).unwrap();
+        prop_assert_eq!(own.check_timestamps(ts).is_ok(), ts > highest_own);
+        prop_assert_eq!(own.check_lease(physical).is_ok(), physical > high_water_ms);
+    }
+
+    /// A block of a key is admitted exactly when it starts at or above where the cluster's own
+    /// counter of that key stood (the highest, if the key was read twice); other keys pass.
+    #[test]
+    fn own_past_admits_only_blocks_above_its_own_counters(
+        nexts in prop::collection::vec(0u64..1000, 1..4),
+        start in 0u64..1200,
+    ) {
+        let own = OwnPast::new(0, nexts.iter().map(|n| ("k".to_string(), *n)));
+        let next = *nexts.iter().max().unwrap();
+        prop_assert_eq!(own.check_block("k", start).is_ok(), start >= next);
+        prop_assert!(own.check_block("other", start).is_ok());
     }
 }

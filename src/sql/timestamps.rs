@@ -129,10 +129,12 @@ fn seed(physical_ms: i64) -> Result<i64, TsoError> {
 }
 
 /// Stop this server's oracle for a switchover to another cluster (docs/operations/
-/// logical-replication.md): it issues nothing more — no timestamp, block or lease — until the
-/// server restarts, and the high-water no longer moves. Returns that high-water (ms): every
-/// value issued here is at or below it; `SELECT tso_seed(...)` on the new cluster continues
-/// above it. Superuser only.
+/// logical-replication.md), or before it joins or leaves a fleet (docs/operations/fleet.md):
+/// it issues nothing more — no timestamp, block or lease — until the server restarts, and the
+/// high-water no longer moves. Returns that high-water (ms): every value issued here is at or
+/// below it; `SELECT tso_seed(...)` on the new cluster continues above it. On a member, it
+/// bounds the timestamps fetched from the oracle; the oracle's own high-water bounds the rest.
+/// Superuser only.
 #[pg_extern(volatile, parallel_unsafe)]
 fn tso_handover() -> i64 {
     handover().or_report()
@@ -143,12 +145,19 @@ fn handover() -> Result<i64, TsoError> {
     let signals = shmem::signals()?;
     check_superuser("call tso_handover()")?;
     window::ensure_primary("hand over")?;
-    refuse_on_a_member("tso_handover()")?;
     signals.request_handover();
+    let member = guc::is_member();
     let done = window::wait_for_worker(signals, || {
         let st = ORACLE.share();
         Ok((st.phase == shmem::Phase::Refused && st.refusal().as_deref() == Some(HANDED_OVER))
-            .then_some(st.max_committed_ms))
+            .then(|| {
+                if member {
+                    // Above every timestamp handed out here: raised before each one is.
+                    timestamp::physical_ms(signals.member_floor.get())
+                } else {
+                    st.max_committed_ms
+                }
+            }))
     })?;
     done.map(|ms| ms as i64).ok_or(TsoError::WorkerTimeout {
         waited_ms: guc::extension_timeout_ms(),

@@ -17,27 +17,29 @@
 //!   call's own deadline; a timestamp whose answer was lost is fetched again (it was never
 //!   handed out: a gap); a block or lease whose answer was lost answers `40003`.
 //!
+//! - A cluster that served on its own before it joined hands out nothing of the oracle's that
+//!   repeats what its own tables hold (`OwnPast`): the oracle must be seeded above them.
+//! - After `tso_handover()` the connection is closed, and nothing more is handed out.
+//!
 //! The worker waits on its latch and on the connection's socket together, in its one thread.
 
-use super::member_calls::{answer_call, answer_next, call_statement, RETRYABLE};
+use super::member_calls::{answer_call, answer_next, call_statement, remote, RETRYABLE};
+use super::member_grants::{grants_lease, Grants};
 use super::state::{refuse, set_phase, Worker};
 use crate::pg::clock;
 use crate::pg::guc;
 use crate::pg::libpq::{checked_conninfo, Conn, Event, LibpqError, PgResult, Progress};
 use crate::pg::wait_set::SocketWait;
-use crate::shmem::holders::HOLDERS;
 use crate::shmem::member::{Text, MEMBER};
-use crate::shmem::{
-    self, Phase, Reply, ReplyCode, Request, RequestKind, Signals, LEASE_BOUNDS, MAX_LEASES, QUEUE,
-};
+use crate::shmem::{self, Phase, Reply, ReplyCode, Request, RequestKind, Signals, QUEUE};
 use pgrx::bgworkers::BackgroundWorker;
 use pgrx::prelude::*;
 use std::collections::VecDeque;
 use std::ffi::CStr;
 use std::time::{Duration, Instant};
 use tsoracle_core::allocator::MAX_BATCH;
-use tsoracle_core::lease::{LeaseTable, PublishedBound, PublishedBounds};
-use tsoracle_core::member::{floor_after, parse_next_answer, EpochGate};
+use tsoracle_core::lease::LeaseTable;
+use tsoracle_core::member::{floor_after, parse_next_answer, EpochGate, OwnPast};
 use tsoracle_core::queue::Ticket;
 
 /// What the oracle answers when this connection's prepared `tsoracle.member_next` is gone
@@ -128,12 +130,10 @@ pub(super) struct Proxy {
     warned: Option<Instant>,
     /// After a refusal to retry, nothing is sent again before this instant.
     pause_until: Option<Instant>,
-    /// Grants of leases made through this member, as the resolved timestamp must respect them
-    /// (published in `LEASE_BOUNDS`): lease id and bound, one entry per grant.
-    grants: Vec<(i64, PublishedBound)>,
-    /// Lease grants and renewals in flight: while any is, the worker's own holder slot holds
-    /// `R` below what their lowest stamps will be.
-    granting: usize,
+    /// Leases granted through this member, as its resolved timestamp must respect them.
+    grants: Grants,
+    /// What this cluster issued on its own, before it joined the fleet.
+    own: OwnPast,
 }
 
 /// `tsoracle.oracle` as libpq reads it, with any password hidden; a connection string libpq
@@ -158,6 +158,7 @@ pub(super) fn run(signals: &'static Signals, conninfo: String, shown: String) {
         st.connected = false;
     }
     pgrx::log!("tsoracle worker is a member of the oracle {shown}");
+    let Some(own) = super::member_past::load() else { return };
     let mut proxy = Proxy {
         signals,
         conninfo,
@@ -177,14 +178,18 @@ pub(super) fn run(signals: &'static Signals, conninfo: String, shown: String) {
         },
         warned: None,
         pause_until: None,
-        grants: Vec::new(),
-        granting: 0,
+        grants: Grants::default(),
+        own,
     };
     set_phase(signals, Phase::Starting);
     loop {
+        if signals.handover_requested() {
+            // Also for a worker restarted after tso_handover(): it stays handed over.
+            return proxy.hand_over();
+        }
         proxy.wait();
         proxy.step();
-        proxy.prune_grants();
+        proxy.grants.prune();
         if proxy.ready() {
             proxy.worker.publish_resolved();
         }
@@ -445,10 +450,7 @@ impl Proxy {
                 match self.queue_statement(|conn| conn.send(sql, &params)) {
                     Ok(()) => {
                         if grants_lease(&w.requests) {
-                            self.granting += 1;
-                            if self.granting == 1 {
-                                hold_for_grants(self.signals);
-                            }
+                            self.grants.sent(self.signals);
                         }
                         self.sent.push_back(Sent {
                             flight: Flight::Call { ticket: w.ticket, requests: w.requests },
@@ -584,7 +586,13 @@ impl Proxy {
                     // Raised before anyone gets a value: every later fetch is above it.
                     self.signals.member_floor.raise(floor_after(first, total));
                     self.count(took, calls.len(), u64::from(total));
-                    answer(&answer_next(first, &calls));
+                    match self.own.check_timestamps(first) {
+                        Ok(()) => answer(&answer_next(first, &calls)),
+                        Err(below) => {
+                            let tickets: Vec<Ticket> = calls.iter().map(|(t, _)| *t).collect();
+                            answer(&super::member_past::refusals(&tickets, &below, 1));
+                        }
+                    }
                     Ok(())
                 }
                 Err(e) if RESET_BY.contains(&e.sqlstate.as_str()) => {
@@ -628,7 +636,7 @@ impl Proxy {
                 let granted = grants_lease(&requests);
                 let outcome = self.complete_call(ticket, requests, rows, took, done.at);
                 if granted {
-                    self.grant_landed();
+                    self.grants.landed();
                 }
                 outcome
             }
@@ -656,7 +664,12 @@ impl Proxy {
                     }
                 };
                 self.count(took, 1, 0);
-                self.note_grants(&requests, &replies);
+                if let Err(below) = super::member_past::check(&self.own, &requests, &replies) {
+                    // Granted on the oracle, handed to no one: a gap, a lease never used.
+                    answer(&super::member_past::refusals(&[ticket], &below, requests.len()));
+                    return Ok(());
+                }
+                self.grants.note(&requests, &replies);
                 answer(&[(ticket, replies)]);
                 Ok(())
             }
@@ -681,63 +694,53 @@ impl Proxy {
         }
     }
 
-    /// Leases granted through this member hold its resolved timestamp below their lowest
-    /// stamp until they expire, as on the oracle: published before the holder hears of them.
-    fn note_grants(&mut self, requests: &[Request], replies: &[Reply]) {
-        let sample = clock::sample();
-        let mut changed = false;
-        for (r, reply) in requests.iter().zip(replies) {
-            if reply.code != ReplyCode::Ok {
-                continue;
-            }
-            match r.kind {
-                RequestKind::LeaseAcquire | RequestKind::LeaseRenew => {
-                    let ttl_ms = match r.kind {
-                        RequestKind::LeaseAcquire => r.count,
-                        // The TTL of a renewal is the lease's own, which the member may not
-                        // know: the longest any lease may have, which only holds R longer.
-                        _ => guc::lease_ttl_max_ms().max(0) as u64,
-                    };
-                    let expires_at_ms = u64::try_from(reply.expires_at_ms).unwrap_or(u64::MAX);
-                    self.grants.push((
-                        reply.value,
-                        PublishedBound {
-                            bound_ms: u64::try_from(reply.bound_ms).unwrap_or(0),
-                            // Live while either clock says so: the oracle's expiry on this
-                            // server's wall clock, or the TTL from now on the monotonic one.
-                            expires_at_ms,
-                            expires_mono_ms: sample.mono_ms.saturating_add(ttl_ms),
-                            held_from_ms: u64::try_from(reply.from_ms).unwrap_or(0),
-                        },
-                    ));
-                    changed = true;
+    /// `tso_handover()` on this member: it serves nothing more until the server restarts.
+    /// The connection is closed first, so that no answer still on its way is handed out;
+    /// every call waiting is refused, and a block or lease in flight answers `40003`.
+    fn hand_over(mut self) {
+        {
+            let mut st = crate::shmem::ORACLE.exclusive();
+            st.set_refusal(crate::shmem::oracle::HANDED_OVER);
+            st.phase = Phase::Refused;
+        }
+        self.signals.broadcast();
+        self.link = Link::Down(Instant::now());
+        {
+            let mut st = MEMBER.exclusive();
+            st.connected = false;
+            st.oracle_pid = 0;
+        }
+        let refused = |t: Ticket, n: usize| (t, vec![Reply::err(ReplyCode::Refused); n]);
+        let mut replies = Vec::new();
+        for sent in std::mem::take(&mut self.sent) {
+            match sent.flight {
+                Flight::Next { calls, .. } => {
+                    replies.extend(calls.iter().map(|(t, _)| refused(*t, 1)))
                 }
-                RequestKind::LeaseRelease => {
-                    let before = self.grants.len();
-                    self.grants.retain(|(id, _)| *id != r.arg);
-                    changed |= self.grants.len() != before;
+                Flight::Call { ticket, requests } if rereadable(&requests) => {
+                    replies.push(refused(ticket, requests.len()))
                 }
-                _ => {}
+                Flight::Call { ticket, requests } => replies.push(lost(ticket, &requests)),
+                Flight::Hello | Flight::Prepare | Flight::Heartbeat | Flight::Report => {}
             }
         }
-        if changed {
-            self.publish_grants();
+        replies.extend(
+            std::mem::take(&mut self.waiting)
+                .into_iter()
+                .map(|w| refused(w.ticket, w.requests.len())),
+        );
+        if let Ok(mut guard) = QUEUE.exclusive() {
+            let mut queue = guard.queue();
+            replies.extend(queue.take_pending().into_iter().map(|(t, r)| refused(t, r.len())));
+            queue.header.worker_will_look = false;
         }
-    }
-
-    /// Drop the grants that expired, and publish what is left.
-    fn prune_grants(&mut self) {
-        let now = clock::sample();
-        let before = self.grants.len();
-        self.grants.retain(|(_, b)| b.is_live(now.wall_ms, now.mono_ms));
-        if self.grants.len() != before {
-            self.publish_grants();
-        }
-    }
-
-    fn publish_grants(&self) {
-        let bounds = PublishedBounds::new(self.grants.iter().map(|(_, b)| *b), MAX_LEASES);
-        LEASE_BOUNDS.exclusive().publish(&bounds);
+        answer(&replies);
+        self.grants.none_in_flight();
+        pgrx::log!(
+            "tsoracle member: handed over; every timestamp it fetched is below {}; serving nothing more until the server restarts",
+            self.signals.member_floor.get()
+        );
+        refuse(self.signals, crate::shmem::oracle::HANDED_OVER);
     }
 
     fn hello(
@@ -880,7 +883,7 @@ impl Proxy {
                 Flight::Next { calls, .. } => self.retry_next(calls),
                 Flight::Call { ticket, requests } => {
                     if grants_lease(&requests) {
-                        self.grant_landed();
+                        self.grants.landed();
                     }
                     if rereadable(&requests) {
                         self.waiting.push(Waiting { ticket, requests, since: sent.at });
@@ -892,15 +895,6 @@ impl Proxy {
             }
         }
         answer(&unknown);
-    }
-
-    /// A lease grant or renewal is no longer in flight: with none left, the worker's holder
-    /// slot stops holding `R` for them.
-    fn grant_landed(&mut self) {
-        self.granting = self.granting.saturating_sub(1);
-        if self.granting == 0 {
-            release_grant_hold();
-        }
     }
 }
 
@@ -918,33 +912,6 @@ fn rereadable(requests: &[Request]) -> bool {
 /// A `tso_next()`-like call: coalesced with the others into one `tsoracle.member_next`.
 fn is_next(w: &Waiting) -> bool {
     w.requests.len() == 1 && w.requests[0].kind == RequestKind::Next
-}
-
-/// A call that grants or renews a lease.
-fn grants_lease(requests: &[Request]) -> bool {
-    requests.iter().any(|r| matches!(r.kind, RequestKind::LeaseAcquire | RequestKind::LeaseRenew))
-}
-
-/// While lease grants are in flight: the worker's own holder slot holds `R` below the
-/// member's floor, below every value the oracle had issued when they left, so below their
-/// lowest stamps (each one past a value the oracle issued at the grant).
-fn hold_for_grants(signals: &Signals) {
-    if let Some(slot) = HOLDERS.mine() {
-        // SAFETY: a plain read of this process's pid.
-        slot.publish(signals.member_floor.get(), unsafe { pg_sys::MyProcPid });
-        // As in a caller's hold: a reader whose fence comes after sees the slot.
-        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
-    }
-}
-
-fn release_grant_hold() {
-    if let Some(slot) = HOLDERS.mine() {
-        slot.clear();
-    }
-}
-
-fn remote(ticket: Ticket) -> Reply {
-    Reply { epoch: ticket.generation as i64, ..Reply::err(ReplyCode::Remote) }
 }
 
 fn statement_lost(e: &crate::pg::libpq::RemoteError) -> String {

@@ -143,3 +143,9 @@ pub(super) fn answer_next(first: u64, calls: &[(Ticket, u32)]) -> Vec<(Ticket, V
         .map(|((ticket, _), start)| (*ticket, vec![Reply::ok(start as i64)]))
         .collect()
 }
+
+/// The reply to a call the oracle answered with an error, kept in `shmem::member::MEMBER` under
+/// the call's generation (`Reply::epoch`) for its caller to raise.
+pub(super) fn remote(ticket: Ticket) -> Reply {
+    Reply { epoch: ticket.generation as i64, ..Reply::err(ReplyCode::Remote) }
+}

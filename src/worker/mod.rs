@@ -26,6 +26,8 @@ mod leases;
 mod main;
 mod member;
 mod member_calls;
+mod member_grants;
+mod member_past;
 mod requests;
 mod resolved;
 mod sequences;

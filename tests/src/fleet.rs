@@ -2,9 +2,11 @@
 //! string a member reaches it with, members started and serving, and the relay binary
 //! (`tsoracle-relay`).
 
+use crate::node::{run_cmd, scrub_env};
 use crate::{serving_node, Node, NodeOpts};
 use std::path::PathBuf;
 use std::process::Command;
+use std::time::Duration;
 
 /// The login role the members of the test fleets use on their oracle.
 pub const MEMBER_ROLE: &str = "fleet_member";
@@ -53,4 +55,25 @@ pub fn relay_binary() -> PathBuf {
     let bin = target.join("debug").join("tsoracle-relay");
     assert!(bin.exists(), "{} was not built", bin.display());
     bin
+}
+
+/// The runbooks' copy from one cluster to another (docs/operations/fleet.md): `psql` on `from`
+/// runs `COPY (<query>) TO STDOUT`, piped into `psql` on `to` running `COPY <target> FROM
+/// STDIN`, as an operator's shell would. Ok(what the second psql printed).
+pub fn copy_between(from: &Node, query: &str, to: &Node, target: &str) -> crate::Result<String> {
+    let psql = |n: &Node, sql: &str| {
+        format!(
+            "'{}' -X -q -v ON_ERROR_STOP=1 -h 127.0.0.1 -U postgres -d postgres -p {} -c \"{sql}\"",
+            n.bin_dir().join("psql").display(),
+            n.port()
+        )
+    };
+    let mut cmd = Command::new("bash");
+    cmd.arg("-c").arg(format!(
+        "set -o pipefail; {} | {}",
+        psql(from, &format!("COPY ({query}) TO STDOUT")),
+        psql(to, &format!("COPY {target} FROM STDIN"))
+    ));
+    scrub_env(&mut cmd);
+    run_cmd(cmd, Duration::from_secs(60))
 }

@@ -1,0 +1,107 @@
+//! What a member issued on its own before it joined its fleet (docs/fleet.md, "What is checked,
+//! and refused"): read from its own tables when its worker starts, and every answer of the
+//! oracle checked against it (`tsoracle_core::member::OwnPast`), so that nothing is handed out
+//! twice when the oracle was not seeded above it.
+
+use super::member_calls::remote;
+use crate::shmem::member::MEMBER;
+use crate::shmem::{Reply, ReplyCode, Request, RequestKind};
+use pgrx::bgworkers::BackgroundWorker;
+use pgrx::prelude::*;
+use std::time::Duration;
+use tsoracle_core::member::{BelowOwnPast, OwnPast};
+use tsoracle_core::queue::Ticket;
+
+/// What this cluster issued on its own, from its own tables (`None`: shutting down). A read
+/// that fails is tried again a second later.
+pub(super) fn load() -> Option<OwnPast> {
+    loop {
+        let read = crate::pg::xact::transaction(|| {
+            Spi::connect(|client| {
+                let mut high_water = 0;
+                // No row: the cluster never served on its own.
+                for row in
+                    client.select("SELECT physical_ms FROM tsoracle.high_water", None, &[])?
+                {
+                    high_water = row.get::<i64>(1)?.unwrap_or(0).max(high_water);
+                }
+                let mut counters = Vec::new();
+                for row in client.select("SELECT key, next FROM tsoracle.seq", None, &[])? {
+                    if let (Some(key), Some(next)) = (row.get::<String>(1)?, row.get::<i64>(2)?) {
+                        counters.push((key, u64::try_from(next).unwrap_or(0)));
+                    }
+                }
+                Ok::<_, pgrx::spi::Error>(OwnPast::new(
+                    u64::try_from(high_water).unwrap_or(0),
+                    counters,
+                ))
+            })
+        });
+        match read {
+            Ok(Ok(own)) => {
+                if own.high_water_ms() > 0 {
+                    pgrx::log!(
+                        "tsoracle member: this cluster issued timestamps on its own up to {} ms; none of the oracle's at or below is handed out",
+                        own.high_water_ms()
+                    );
+                }
+                return Some(own);
+            }
+            Ok(Err(e)) => pgrx::warning!("tsoracle member cannot read its own tables: {e}"),
+            Err(e) => pgrx::warning!("tsoracle member cannot read its own tables: {e}"),
+        }
+        if !BackgroundWorker::wait_latch(Some(Duration::from_secs(1))) {
+            return None;
+        }
+        pg_sys::check_for_interrupts!();
+    }
+}
+
+/// Whether the blocks and leases the oracle granted for one call may be handed out here: none
+/// repeats what this cluster granted on its own.
+pub(super) fn check(
+    own: &OwnPast,
+    requests: &[Request],
+    replies: &[Reply],
+) -> Result<(), BelowOwnPast> {
+    for (r, reply) in requests.iter().zip(replies) {
+        if reply.code != ReplyCode::Ok {
+            continue;
+        }
+        match r.kind {
+            RequestKind::SeqAdvance => {
+                own.check_block(r.name(), u64::try_from(reply.value).unwrap_or(0))?
+            }
+            RequestKind::LeaseAcquire | RequestKind::LeaseRenew => {
+                own.check_lease(u64::try_from(reply.from_ms).unwrap_or(0))?
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// The replies refusing calls whose values the oracle answered below this cluster's own past
+/// (`55000`, with what to do on the oracle): handed to no one.
+pub(super) fn refusals(
+    tickets: &[Ticket],
+    below: &BelowOwnPast,
+    requests: usize,
+) -> Vec<(Ticket, Vec<Reply>)> {
+    let hint = match below {
+        BelowOwnPast::Timestamps { high_water_ms, .. } => format!(
+            "Seed the oracle above this cluster's own values: SELECT tso_seed({}) on the oracle (docs/operations/fleet.md, \"Joining a fleet\").",
+            high_water_ms.saturating_add(1)
+        ),
+        BelowOwnPast::Counter { .. } => "Carry this cluster's counters to the oracle: COPY (SELECT key, next FROM tsoracle.seq) here into COPY tsoracle.seq (key, next) on the oracle (docs/operations/fleet.md, \"Joining a fleet\").".to_string(),
+    };
+    let message = below.to_string();
+    let mut member = MEMBER.exclusive();
+    tickets
+        .iter()
+        .map(|t| {
+            member.keep_error(t.generation, "55000", &message, Some(&hint));
+            (*t, vec![remote(*t); requests])
+        })
+        .collect()
+}
