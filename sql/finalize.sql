@@ -151,6 +151,11 @@ CREATE TRIGGER only_the_worker BEFORE INSERT OR UPDATE OR DELETE ON tsoracle.fle
 ALTER TABLE tsoracle.fleet_resolved ENABLE ALWAYS TRIGGER only_the_worker;
 CREATE TRIGGER only_the_worker_truncate BEFORE TRUNCATE ON tsoracle.fleet_resolved
     FOR EACH STATEMENT EXECUTE FUNCTION tsoracle.only_the_worker();
+-- A member's memory of its oracle: written by the worker only (a lower epoch written by hand
+-- would let a deposed primary serve it); a superuser deletes the row to accept a new oracle.
+CREATE TRIGGER only_the_worker BEFORE INSERT OR UPDATE ON tsoracle.member_oracle
+    FOR EACH ROW EXECUTE FUNCTION tsoracle.only_the_worker();
+ALTER TABLE tsoracle.member_oracle ENABLE ALWAYS TRIGGER only_the_worker;
 
 -- Nobody but the worker lowers or removes what the durable tables hold: a lowered or
 -- deleted high-water, counter or live lease would let the oracle issue again what it has

@@ -83,6 +83,20 @@ CREATE TABLE tsoracle.fleet_resolved (
 COMMENT ON TABLE tsoracle.fleet_resolved IS 'The fleet-wide resolved timestamp the tsoracle worker last published: every timestamp at or below ts was obtained, on any cluster of the fleet, by a transaction that had ended.';
 INSERT INTO tsoracle.fleet_resolved (id, ts) VALUES (true, 0);
 
+-- On a member of a fleet (docs/fleet.md): the oracle that served it, as its worker last saw
+-- it — the oracle's system identifier and the highest epoch it answered with. Written by the
+-- worker before it hands out anything of a new epoch, so that after any restart, and on a
+-- promoted standby of the member, it still refuses a deposed primary and another cluster.
+-- No row: never served. A superuser deletes the row to accept a new oracle on purpose. Not
+-- dumped: a restored copy is another member.
+CREATE TABLE tsoracle.member_oracle (
+    id         boolean PRIMARY KEY DEFAULT true CHECK (id),
+    system_id  bigint NOT NULL,
+    epoch      bigint NOT NULL CHECK (epoch >= 0),
+    updated_at timestamptz NOT NULL DEFAULT now()
+);
+COMMENT ON TABLE tsoracle.member_oracle IS 'On a member: the oracle that served it (system identifier) and the highest epoch it answered with; the member refuses any other oracle, and any older epoch (a deposed primary). Delete the row to accept a new oracle.';
+
 REVOKE ALL ON SCHEMA tsoracle FROM PUBLIC;
 REVOKE ALL ON ALL TABLES IN SCHEMA tsoracle FROM PUBLIC;
 -- The high-water may be read by anyone (monitoring, tso_status() on a standby).

@@ -6,6 +6,8 @@
 //! - [`EpochGate`]: answers from an epoch older than one already seen are refused.
 //! - [`OwnPast`]: what a cluster issued on its own before it joined the fleet; nothing the
 //!   oracle answers at or below it is handed out.
+//! - [`OracleSeen`]: the oracle a member was served by, kept durably: another cluster, or an
+//!   older epoch, is refused after any restart.
 
 /// The first value of each call's range, for calls asking `counts` values each, out of the
 /// answer that starts at `first` (the oracle answered `counts.iter().sum()` values).
@@ -137,5 +139,48 @@ impl OwnPast {
             }
             _ => Ok(()),
         }
+    }
+}
+
+/// The oracle a member was served by, as the member keeps it durably (`tsoracle.member_oracle`):
+/// its system identifier (0: none yet) and the highest epoch it answered with.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OracleSeen {
+    pub system_id: u64,
+    pub epoch: u64,
+}
+
+/// Why an oracle's hello is refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum OracleRefused {
+    #[error("the oracle is another cluster (system identifier {got}, not {seen})")]
+    Other { got: u64, seen: u64 },
+    #[error("the oracle is not serving (epoch 0): its fence has not run, or it was handed over")]
+    NotServing,
+    #[error(transparent)]
+    Stale(#[from] StaleEpoch),
+}
+
+impl OracleSeen {
+    /// The larger of two memories of the same oracle (in memory, and the durable one).
+    pub fn merge(self, other: OracleSeen) -> OracleSeen {
+        OracleSeen {
+            system_id: if self.system_id != 0 { self.system_id } else { other.system_id },
+            epoch: self.epoch.max(other.epoch),
+        }
+    }
+
+    /// An oracle's hello, answering with `system_id` and `epoch`: what to remember from now on,
+    /// or why it is refused (another cluster than the one seen before, an oracle that is not
+    /// serving, or an epoch older than one seen: a deposed primary).
+    pub fn admit(self, system_id: u64, epoch: u64) -> Result<OracleSeen, OracleRefused> {
+        if self.system_id != 0 && system_id != self.system_id {
+            return Err(OracleRefused::Other { got: system_id, seen: self.system_id });
+        }
+        if epoch == 0 {
+            return Err(OracleRefused::NotServing);
+        }
+        EpochGate::new(self.epoch).accept(epoch)?;
+        Ok(OracleSeen { system_id, epoch })
     }
 }

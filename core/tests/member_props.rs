@@ -1,7 +1,9 @@
 //! Properties of a member's proxy arithmetic (`tsoracle_core::member`).
 
 use proptest::prelude::*;
-use tsoracle_core::member::{floor_after, parse_next_answer, split, EpochGate, OwnPast};
+use tsoracle_core::member::{
+    floor_after, parse_next_answer, split, EpochGate, OracleRefused, OracleSeen, OwnPast,
+};
 use tsoracle_core::timestamp::{pack, MAX_LOGICAL};
 
 proptest! {
@@ -77,5 +79,42 @@ proptest! {
         let next = *nexts.iter().max().unwrap();
         prop_assert_eq!(own.check_block("k", start).is_ok(), start >= next);
         prop_assert!(own.check_block("other", start).is_ok());
+    }
+}
+
+proptest! {
+    /// A member admits an oracle only if it is the cluster that served it before (or none
+    /// did), serving, and at an epoch no older than any seen; what it then remembers never
+    /// goes back, so a deposed primary stays refused whatever the order of hellos.
+    #[test]
+    fn a_member_admits_only_its_oracle_at_no_older_epoch(
+        seen_id in 0u64..4,
+        seen_epoch in 0u64..6,
+        hellos in prop::collection::vec((1u64..4, 0u64..8), 1..12),
+    ) {
+        let mut seen = OracleSeen { system_id: seen_id, epoch: seen_epoch };
+        for (system_id, epoch) in hellos {
+            match seen.admit(system_id, epoch) {
+                Ok(next) => {
+                    prop_assert!(seen.system_id == 0 || seen.system_id == system_id);
+                    prop_assert!(epoch >= seen.epoch && epoch > 0);
+                    prop_assert_eq!(next, OracleSeen { system_id, epoch });
+                    seen = next;
+                }
+                Err(OracleRefused::Other { .. }) => {
+                    prop_assert!(seen.system_id != 0 && seen.system_id != system_id)
+                }
+                Err(OracleRefused::NotServing) => prop_assert_eq!(epoch, 0),
+                Err(OracleRefused::Stale(_)) => prop_assert!(epoch < seen.epoch),
+            }
+        }
+    }
+
+    /// Merging two memories keeps the highest epoch and a known system identifier.
+    #[test]
+    fn merged_memories_keep_the_highest_epoch(a_id in 0u64..3, a in 0u64..9, b_id in 0u64..3, b in 0u64..9) {
+        let m = OracleSeen { system_id: a_id, epoch: a }.merge(OracleSeen { system_id: b_id, epoch: b });
+        prop_assert_eq!(m.epoch, a.max(b));
+        prop_assert_eq!(m.system_id, if a_id != 0 { a_id } else { b_id });
     }
 }

@@ -156,6 +156,11 @@ pub extern "C-unwind" fn tsoracle_worker_main(_arg: pg_sys::Datum) {
 
 #[pg_guard]
 unsafe extern "C-unwind" fn on_worker_exit(_code: i32, _arg: pg_sys::Datum) {
+    // A member's worker that exits with a lease grant in flight holds the resolved timestamp
+    // in its holder slot (`member_grants`): released on every exit, so R moves again.
+    if let Some(slot) = shmem::holders::HOLDERS.mine() {
+        slot.clear();
+    }
     if let Some(signals) = shmem::signals::SIGNALS.get() {
         signals.set_worker(std::ptr::null_mut(), 0);
         signals.broadcast();

@@ -39,7 +39,9 @@ use std::ffi::CStr;
 use std::time::{Duration, Instant};
 use tsoracle_core::allocator::MAX_BATCH;
 use tsoracle_core::lease::LeaseTable;
-use tsoracle_core::member::{floor_after, parse_next_answer, EpochGate, OwnPast};
+use tsoracle_core::member::{
+    floor_after, parse_next_answer, EpochGate, OracleRefused, OracleSeen, OwnPast,
+};
 use tsoracle_core::queue::Ticket;
 
 /// What the oracle answers when this connection's prepared `tsoracle.member_next` is gone
@@ -134,6 +136,8 @@ pub(super) struct Proxy {
     grants: Grants,
     /// What this cluster issued on its own, before it joined the fleet.
     own: OwnPast,
+    /// The oracle's epoch as `tsoracle.member_oracle` keeps it.
+    durable_epoch: u64,
 }
 
 /// `tsoracle.oracle` as libpq reads it, with any password hidden; a connection string libpq
@@ -180,6 +184,7 @@ pub(super) fn run(signals: &'static Signals, conninfo: String, shown: String) {
         pause_until: None,
         grants: Grants::default(),
         own,
+        durable_epoch: 0,
     };
     set_phase(signals, Phase::Starting);
     loop {
@@ -768,10 +773,32 @@ impl Proxy {
             ));
         }
         let epoch = field(2).parse::<u64>().map_err(|_| "the oracle's hello has no epoch")?;
-        self.check_epoch(epoch)?;
+        let system_id =
+            field(0).parse::<i64>().map_err(|_| "the oracle's hello has no system identifier")?
+                as u64;
+        // What this member was served by, in memory and durably (after a restart, or on its
+        // promoted standby, the table alone): another cluster, or an older epoch, is refused.
+        let memory = {
+            let st = MEMBER.share();
+            OracleSeen { system_id: st.oracle_system_id, epoch: st.oracle_epoch }
+        };
+        let durable = super::member_oracle::read()?;
+        let seen = memory.merge(durable).admit(system_id, epoch).map_err(|e| match e {
+            OracleRefused::Other { .. } => format!(
+                "{e}; if it replaced the old oracle on purpose, DELETE FROM tsoracle.member_oracle here and restart"
+            ),
+            OracleRefused::Stale(_) => format!("{e}; looking for the new one"),
+            OracleRefused::NotServing => e.to_string(),
+        })?;
+        if seen != durable {
+            // Kept before anything of this epoch is handed out.
+            super::member_oracle::write(seen)?;
+        }
+        self.durable_epoch = seen.epoch;
         {
             let mut st = MEMBER.exclusive();
-            st.oracle_system_id = field(0).parse::<i64>().unwrap_or(0) as u64;
+            st.oracle_system_id = system_id;
+            st.oracle_epoch = seen.epoch;
             st.connected = true;
             st.connects += 1;
             st.last_error = Text::default();
@@ -786,13 +813,27 @@ impl Proxy {
     }
 
     /// Refuse an answer from an epoch older than one seen (a deposed primary); raise the one
-    /// seen otherwise.
+    /// seen otherwise, durably before the answer is handed out.
     fn check_epoch(&mut self, epoch: u64) -> Result<(), String> {
-        let mut st = MEMBER.exclusive();
-        let mut gate = EpochGate::new(st.oracle_epoch);
-        let accepted = gate.accept(epoch).map_err(|e| format!("{e}; looking for the new one"));
-        st.oracle_epoch = gate.seen();
-        accepted
+        if epoch == 0 {
+            // Not serving since it answered (handed over, fencing again): what it granted on
+            // this connection, whose hello it answered at an admitted epoch, came before.
+            return Ok(());
+        }
+        let (seen, system_id) = {
+            let mut st = MEMBER.exclusive();
+            let mut gate = EpochGate::new(st.oracle_epoch);
+            gate.accept(epoch).map_err(|e| format!("{e}; looking for the new one"))?;
+            st.oracle_epoch = gate.seen();
+            (gate.seen(), st.oracle_system_id)
+        };
+        if seen > self.durable_epoch {
+            // The oracle fenced again at a higher epoch (a restore): kept before its answer
+            // is handed out.
+            super::member_oracle::write(OracleSeen { system_id, epoch: seen })?;
+            self.durable_epoch = seen;
+        }
+        Ok(())
     }
 
     fn count(&self, took: Duration, calls: usize, values: u64) {

@@ -27,6 +27,7 @@ mod main;
 mod member;
 mod member_calls;
 mod member_grants;
+mod member_oracle;
 mod member_past;
 mod requests;
 mod resolved;

@@ -657,7 +657,7 @@ fn pitr_to_the_end_of_the_archive_serves_above_everything_issued() {
 // ============================================================================ 3: upgrade
 
 /// The version of the installed build (Cargo.toml of the extension).
-const CURRENT_VERSION: &str = "0.4.0";
+const CURRENT_VERSION: &str = "0.5.0";
 
 /// `CREATE EXTENSION tsoracle VERSION '<from>'` under the current library (default version
 /// [`CURRENT_VERSION`]), which refuses the older schema (`outdated_schema`, 57P03); state put

@@ -13,7 +13,9 @@
 //!   at itself or at another member, a role that is not `tsoracle_member`; the connection
 //!   string is hidden from non-superusers; what a member's role may do on the oracle;
 //! - a block whose answer was lost fails `40003` and is never granted twice;
-//! - a deposed primary that still answers is refused (its epoch is older);
+//! - a deposed primary that still answers is refused (its epoch is older), also after the
+//!   member restarts (`tsoracle.member_oracle` keeps the epoch); another cluster than the
+//!   oracle that served the member is refused until a superuser deletes that memory;
 //! - TLS with `sslmode=verify-full`: served when the member trusts the oracle's certificate,
 //!   refused with libpq's reason when it does not, or when it does not use TLS.
 //!
@@ -390,7 +392,7 @@ fn a_member_refuses_a_deposed_primary() {
     admit_members(&old);
     let mut new = Node::base_backup_from(&old, "fleet-d-new").expect("pg_basebackup");
     new.start().expect("start the standby");
-    let m = member("fleet-d-m", &oracle_conninfo(&[old.port(), new.port()], MEMBER_ROLE));
+    let mut m = member("fleet-d-m", &oracle_conninfo(&[old.port(), new.port()], MEMBER_ROLE));
     let mut c = m.connect();
     let before: i64 = c.query_one("SELECT tso_next()", &[]).unwrap().get(0);
     tsoracle_tests::cluster::wait_replayed(&old, &new).expect("replayed");
@@ -439,12 +441,83 @@ fn a_member_refuses_a_deposed_primary() {
     );
     assert!(pg_error_string(&refused).contains("deposed"), "{}", pg_error_string(&refused));
 
+    // The member restarted, the deposed primary still first in its connection string: it
+    // remembers the epoch (tsoracle.member_oracle), and still refuses it.
+    let kept: i64 = c.query_one("SELECT epoch FROM tsoracle.member_oracle", &[]).unwrap().get(0);
+    assert_eq!(kept, epoch, "the member keeps the new primary's epoch");
+    drop(c);
+    m.restart(StopMode::Fast).expect("restart the member");
+    let mut c = m.connect();
+    let refused = poll_until(
+        "the restarted member refuses the deposed primary",
+        Duration::from_secs(30),
+        || match c.query_one("SELECT tso_next()", &[]) {
+            Ok(r) => {
+                let v: i64 = r.get(0);
+                panic!("the restarted member handed out {v} (highest before {highest})");
+            }
+            Err(e) => {
+                let text = pg_error_string(&e);
+                text.contains("deposed").then_some(text)
+            }
+        },
+    );
+    assert!(refused.contains("57P03"), "{refused}");
+
     // Only the new primary left: served again, above everything before.
     old.stop(StopMode::Fast).expect("stop the old primary for good");
     let after: i64 = poll_until("the member serves again", Duration::from_secs(30), || {
         c.query_one("SELECT tso_next()", &[]).ok().map(|r| r.get(0))
     });
     assert!(after > highest, "{after} <= {highest}");
+}
+
+/// A member pointed at another cluster than the oracle that served it (its system identifier
+/// differs: not a failover) refuses it, across restarts, until a superuser deletes the
+/// member's memory of its oracle; then it is served by the new one.
+#[test]
+fn a_member_refuses_another_oracle_until_told_it_is_new() {
+    let first = serving_node("fleet-n-first", NodeOpts::new());
+    admit_members(&first);
+    let second = serving_node("fleet-n-second", NodeOpts::new());
+    admit_members(&second);
+    let mut m = member("fleet-n-m", &oracle_conninfo(&[first.port()], MEMBER_ROLE));
+    let _: i64 = m.connect().query_one("SELECT tso_next()", &[]).unwrap().get(0);
+    let kept: i64 =
+        m.connect().query_one("SELECT system_id FROM tsoracle.member_oracle", &[]).unwrap().get(0);
+    let first_id: i64 = first
+        .connect()
+        .query_one("SELECT system_identifier FROM pg_control_system()", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(kept, first_id, "the member keeps its oracle's system identifier");
+
+    m.set_conf("tsoracle.oracle", oracle_conninfo(&[second.port()], MEMBER_ROLE)).unwrap();
+    m.restart(StopMode::Fast).expect("restart the member");
+    expect_refusal(&m, "another cluster");
+    expect_refusal(&m, "DELETE FROM tsoracle.member_oracle");
+    // Nobody but the worker writes the memory; a superuser may delete it.
+    let mut c = m.connect();
+    expect_sqlstate(
+        c.batch_execute("UPDATE tsoracle.member_oracle SET epoch = 0"),
+        &SqlState::INSUFFICIENT_PRIVILEGE,
+        "lowering the kept epoch by hand",
+    );
+    c.batch_execute("DELETE FROM tsoracle.member_oracle").expect("a superuser deletes it");
+    drop(c);
+    m.restart(StopMode::Fast).expect("restart the member");
+    let served: i64 = poll_until("served by the new oracle", Duration::from_secs(30), || {
+        m.connect().query_one("SELECT tso_next()", &[]).ok().map(|r| r.get(0))
+    });
+    assert!(served > 0);
+    let second_id: i64 = second
+        .connect()
+        .query_one("SELECT system_identifier FROM pg_control_system()", &[])
+        .unwrap()
+        .get(0);
+    let kept: i64 =
+        m.connect().query_one("SELECT system_id FROM tsoracle.member_oracle", &[]).unwrap().get(0);
+    assert_eq!(kept, second_id, "the member now keeps the new oracle's identifier");
 }
 
 /// TLS with `sslmode=verify-full`: the oracle admits the member's role over TLS only. A member

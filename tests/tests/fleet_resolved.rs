@@ -659,3 +659,53 @@ fn only_a_member_speaks_for_itself_and_only_a_superuser_removes_one() {
         "tso_fleet_resolved() on a member",
     );
 }
+
+/// The backend pid of `node`'s tsoracle worker.
+fn worker_pid(node: &Node) -> i32 {
+    node.connect()
+        .query_one("SELECT pid FROM pg_stat_activity WHERE backend_type = 'tsoracle worker'", &[])
+        .expect("the tsoracle worker")
+        .get(0)
+}
+
+fn signal(pid: i32, sig: &str) {
+    let ok = Command::new("kill").args([sig, &pid.to_string()]).status().expect("kill").success();
+    assert!(ok, "kill {sig} {pid}");
+}
+
+/// A member's worker that dies while a lease grant is in flight (its holder slot holds the
+/// member's `R` below the grant's lowest stamp): the hold is released as it exits, so the
+/// member's `R`, and the fleet's, move again once it is back.
+#[test]
+fn a_member_worker_that_dies_mid_grant_releases_its_hold() {
+    let oracle = serving_node("fr-g-oracle", NodeOpts::new());
+    admit_members(&oracle);
+    let m = member("fr-g-m", &oracle_conninfo(&[oracle.port()], MEMBER_ROLE));
+    let mut c = m.connect();
+    let _: i64 = c.query_one("SELECT tso_next()", &[]).unwrap().get(0);
+    // The oracle's worker paused: the member's grant stays in flight.
+    let oracle_worker = worker_pid(&oracle);
+    signal(oracle_worker, "-STOP");
+    let conninfo = m.conninfo();
+    let grant = thread::spawn(move || {
+        let mut c = Client::connect(&conninfo, NoTls).expect("connect");
+        c.query_one("SELECT lease_id FROM tso_lease_acquire('mid-grant', 1, 5000)", &[]).err()
+    });
+    thread::sleep(Duration::from_millis(800));
+    let terminated: bool = c
+        .query_one("SELECT pg_terminate_backend($1)", &[&worker_pid(&m)])
+        .expect("terminate the member's worker")
+        .get(0);
+    assert!(terminated);
+    signal(oracle_worker, "-CONT");
+    let failed = grant.join().expect("the grant's client");
+    assert!(failed.is_some(), "the grant in flight when the worker died was not answered");
+    let after: i64 = poll_until("the member serves again", Duration::from_secs(30), || {
+        c.query_one("SELECT tso_next()", &[]).ok().map(|r| r.get(0))
+    });
+    poll_until("the member's R moves past the worker's hold", Duration::from_secs(20), || {
+        let _: i64 = c.query_one("SELECT tso_next()", &[]).unwrap().get(0);
+        let r: i64 = c.query_one("SELECT tso_resolved()", &[]).unwrap().get(0);
+        (r >= after).then_some(())
+    });
+}

@@ -1,0 +1,21 @@
+-- tsoracle 0.4.0 -> 0.5.0: a member of a fleet remembers the oracle that served it.
+
+-- On a member of a fleet (docs/fleet.md): the oracle that served it, as its worker last saw
+-- it — the oracle's system identifier and the highest epoch it answered with. Written by the
+-- worker before it hands out anything of a new epoch, so that after any restart, and on a
+-- promoted standby of the member, it still refuses a deposed primary and another cluster.
+-- No row: never served. A superuser deletes the row to accept a new oracle on purpose. Not
+-- dumped: a restored copy is another member.
+CREATE TABLE tsoracle.member_oracle (
+    id         boolean PRIMARY KEY DEFAULT true CHECK (id),
+    system_id  bigint NOT NULL,
+    epoch      bigint NOT NULL CHECK (epoch >= 0),
+    updated_at timestamptz NOT NULL DEFAULT now()
+);
+COMMENT ON TABLE tsoracle.member_oracle IS 'On a member: the oracle that served it (system identifier) and the highest epoch it answered with; the member refuses any other oracle, and any older epoch (a deposed primary). Delete the row to accept a new oracle.';
+REVOKE ALL ON tsoracle.member_oracle FROM PUBLIC;
+-- Written by the worker only (a lower epoch written by hand would let a deposed primary serve
+-- it); a superuser deletes the row to accept a new oracle.
+CREATE TRIGGER only_the_worker BEFORE INSERT OR UPDATE ON tsoracle.member_oracle
+    FOR EACH ROW EXECUTE FUNCTION tsoracle.only_the_worker();
+ALTER TABLE tsoracle.member_oracle ENABLE ALWAYS TRIGGER only_the_worker;
