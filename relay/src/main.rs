@@ -39,11 +39,35 @@ struct Conn {
     name: String,
     conninfo: String,
     client: Option<Client>,
+    /// Read from a primary only: a standby may not have replayed every row at or below `R_f`
+    /// yet (its replay lags, or is paused), and the cursor would move past them for good.
+    primary_only: bool,
 }
 
 impl Conn {
-    fn new(name: &str, conninfo: &str) -> Self {
-        Conn { name: name.into(), conninfo: conninfo.into(), client: None }
+    fn new(name: &str, conninfo: &str, primary_only: bool) -> Self {
+        Conn { name: name.into(), conninfo: conninfo.into(), client: None, primary_only }
+    }
+
+    /// A new connection, refused if it must reach a primary and reaches a standby.
+    fn connect(&self) -> Result<Client, String> {
+        let mut c = Client::connect(&self.conninfo, NoTls).map_err(|e| {
+            let why = e.as_db_error().map_or_else(|| e.to_string(), |d| d.message().to_string());
+            format!("{}: {why}", self.name)
+        })?;
+        if self.primary_only {
+            let standby = c
+                .query_one("SELECT pg_catalog.pg_is_in_recovery()", &[])
+                .map_err(|e| format!("{}: {e}", self.name))?
+                .get::<_, bool>(0);
+            if standby {
+                return Err(format!(
+                    "{} is a standby: the relay reads each cluster's primary only, which has every row at or below R_f (add target_session_attrs=read-write to its connection string)",
+                    self.name
+                ));
+            }
+        }
+        Ok(c)
     }
 
     fn query(
@@ -53,10 +77,7 @@ impl Conn {
     ) -> Result<Vec<postgres::Row>, String> {
         let result = match &mut self.client {
             Some(c) => c.query(sql, params),
-            None => match Client::connect(&self.conninfo, NoTls) {
-                Ok(c) => self.client.insert(c).query(sql, params),
-                Err(e) => Err(e),
-            },
+            None => self.client.insert(self.connect()?).query(sql, params),
         };
         result.map_err(|e| {
             self.client = None;
@@ -104,9 +125,11 @@ fn run() -> Result<(), RelayError> {
         Some(p) => Output::File(open_output(p, &cursor)?),
         None => Output::Stdout(std::io::stdout()),
     };
-    let mut oracle = Conn::new("oracle", &a.oracle);
+    // R_f may come from a standby of the oracle (as far as it has replayed: an older R_f);
+    // the rows only from each cluster's primary.
+    let mut oracle = Conn::new("oracle", &a.oracle, false);
     let mut clusters: Vec<Conn> =
-        a.clusters.iter().map(|c| Conn::new(&c.name, &c.conninfo)).collect();
+        a.clusters.iter().map(|c| Conn::new(&c.name, &c.conninfo, true)).collect();
     let (table, column) = (args::quote_ident(&a.table), args::quote_ident(&a.column));
     let select = format!(
         "SELECT {column}, pg_catalog.row_to_json(t)::pg_catalog.text FROM {table} AS t \

@@ -709,3 +709,69 @@ fn a_member_worker_that_dies_mid_grant_releases_its_hold() {
         (r >= after).then_some(())
     });
 }
+
+/// The relay pointed at a standby of a member whose replay is paused: rows the member
+/// committed are not there yet, but `R_f` passes them. The relay refuses the standby (it reads
+/// primaries only), so its cursor never passes a row it has not emitted.
+#[test]
+fn the_relay_never_passes_a_row_a_standby_has_not_replayed() {
+    let oracle = serving_node("fr-s-oracle", NodeOpts::new());
+    admit_members(&oracle);
+    let m = member("fr-s-m", &oracle_conninfo(&[oracle.port()], MEMBER_ROLE));
+    let mut c = m.connect();
+    c.batch_execute(OUTBOX).expect("the outbox");
+    let mut standby = Node::base_backup_from(&m, "fr-s-standby").expect("pg_basebackup");
+    standby.start().expect("start the member's standby");
+    tsoracle_tests::cluster::wait_replayed(&m, &standby).expect("replayed");
+    standby.connect().batch_execute("SELECT pg_wal_replay_pause()").expect("pause replay");
+    for id in 0..20i64 {
+        c.execute("INSERT INTO outbox (id, writer) VALUES ($1, 0)", &[&id]).expect("a row");
+    }
+    let last: i64 = c.query_one("SELECT max(ts) FROM outbox", &[]).unwrap().get(0);
+    // R_f passes the rows: the fleet's reads would be complete on the member.
+    poll_until("R_f passes the rows", Duration::from_secs(20), || {
+        let _: i64 = c.query_one("SELECT tso_next()", &[]).unwrap().get(0);
+        let rf: i64 =
+            oracle.connect().query_one("SELECT tso_fleet_resolved()", &[]).unwrap().get(0);
+        (rf > last).then_some(())
+    });
+
+    let dir = std::env::temp_dir().join(format!("tsoracle-relay-standby-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("the relay's directory");
+    let mut relay = start_relay(
+        &relay_binary(),
+        &dir,
+        &oracle.conninfo(),
+        &[("m".to_string(), standby.conninfo())],
+    );
+    let said = Arc::new(Mutex::new(String::new()));
+    if let Some(err) = relay.stderr.take() {
+        let keep = said.clone();
+        thread::spawn(move || {
+            for line in std::io::BufReader::new(err).lines().map_while(Result::ok) {
+                keep.lock().unwrap().push_str(&line);
+            }
+        });
+    }
+    poll_until("the relay says why it reads nothing", Duration::from_secs(20), || {
+        said.lock().unwrap().contains("is a standby").then_some(())
+    });
+    thread::sleep(Duration::from_secs(1));
+    let _ = relay.kill();
+    let _ = relay.wait();
+    let cursor = relay_cursor(&dir);
+    let emitted = std::fs::read_to_string(dir.join("out.jsonl")).unwrap_or_default();
+    let mut missed = Vec::new();
+    for row in c.query("SELECT id, ts FROM outbox ORDER BY id", &[]).unwrap() {
+        let (id, ts): (i64, i64) = (row.get(0), row.get(1));
+        if ts <= cursor && !emitted.contains(&format!("\"id\":{id},")) {
+            missed.push(id);
+        }
+    }
+    assert!(
+        missed.is_empty(),
+        "the relay's cursor {cursor} passed rows it never emitted: {missed:?}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
