@@ -42,7 +42,7 @@ use tsoracle_core::lease::LeaseTable;
 use tsoracle_core::member::{
     floor_after, parse_next_answer, EpochGate, OracleRefused, OracleSeen, OwnPast,
 };
-use tsoracle_core::queue::Ticket;
+use tsoracle_core::queue::{EntryState, Ticket};
 
 /// What the oracle answers when this connection's prepared `tsoracle.member_next` is gone
 /// (`26000`: a `DISCARD ALL`, a pooler between) or no longer matches the function
@@ -390,9 +390,16 @@ impl Proxy {
             return Ok(());
         }
         let mut calls: Vec<Waiting> = std::mem::take(&mut self.waiting);
+        let mut given_up: Vec<Waiting> = Vec::new();
         let now = Instant::now();
         if let Ok(mut guard) = QUEUE.exclusive() {
             let mut queue = guard.queue();
+            // A call whose caller gave up while it waited here (told 57P03, or 40003 and to
+            // check with tso_seq_peek()) is never sent: a grant after the caller's check
+            // would contradict it. Decided under the lock the caller gives up under.
+            (given_up, calls) = calls
+                .into_iter()
+                .partition(|w| queue.state(w.ticket) == Some(EntryState::Abandoned));
             calls.extend(queue.take_pending().into_iter().map(|(ticket, requests)| Waiting {
                 ticket,
                 requests,
@@ -404,6 +411,13 @@ impl Proxy {
             queue.header.worker_will_look =
                 self.sent.len() + usize::from(sending) >= LOOK_WHEN_IN_FLIGHT;
         }
+        // Answered only to free their entries: nobody waits for them.
+        answer(
+            &given_up
+                .iter()
+                .map(|w| (w.ticket, vec![Reply::err(ReplyCode::Refused); w.requests.len()]))
+                .collect::<Vec<_>>(),
+        );
         let (nexts, others): (Vec<Waiting>, Vec<Waiting>) = calls.into_iter().partition(is_next);
         if !matches!(self.link, Link::Up { .. }) {
             self.waiting.extend(nexts);

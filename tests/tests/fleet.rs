@@ -12,7 +12,8 @@
 //!   connection string, an unreachable oracle, an oracle without tsoracle, a member pointing
 //!   at itself or at another member, a role that is not `tsoracle_member`; the connection
 //!   string is hidden from non-superusers; what a member's role may do on the oracle;
-//! - a block whose answer was lost fails `40003` and is never granted twice;
+//! - a block whose answer was lost fails `40003` and is never granted twice; a call whose
+//!   caller gave up is never sent;
 //! - a deposed primary that still answers is refused (its epoch is older), also after the
 //!   member restarts (`tsoracle.member_oracle` keeps the epoch); another cluster than the
 //!   oracle that served the member is refused until a superuser deletes that memory;
@@ -518,6 +519,62 @@ fn a_member_refuses_another_oracle_until_told_it_is_new() {
     let kept: i64 =
         m.connect().query_one("SELECT system_id FROM tsoracle.member_oracle", &[]).unwrap().get(0);
     assert_eq!(kept, second_id, "the member now keeps the new oracle's identifier");
+}
+
+/// A block whose caller gave up while the oracle did not serve it (its worker paused: the
+/// oracle answers `57P03`, which the member retries) is never sent again once the caller was
+/// told `40003` (check with `tso_seq_peek()`), however long the member's worker would still
+/// have retried it: the caller's check stays true.
+#[test]
+fn a_call_whose_caller_gave_up_is_never_sent() {
+    let oracle = serving_node("fleet-g-oracle", NodeOpts::new());
+    admit_members(&oracle);
+    // Every block through the oracle's worker, none in the calling backend.
+    alter_system(&oracle, "tsoracle.seq_in_place", Some("off")).expect("no in-place blocks");
+    let m = member("fleet-g-m", &oracle_conninfo(&[oracle.port()], MEMBER_ROLE));
+    let mut c = m.connect();
+    let first: i64 = c.query_one("SELECT tso_seq('given-up', 1)", &[]).unwrap().get(0);
+    let oracle_worker: i32 = oracle
+        .connect()
+        .query_one("SELECT pid FROM pg_stat_activity WHERE backend_type = 'tsoracle worker'", &[])
+        .unwrap()
+        .get(0);
+    let signal = |sig: &str| {
+        let ok = std::process::Command::new("kill")
+            .args([sig, &oracle_worker.to_string()])
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "kill {sig} {oracle_worker}");
+    };
+    signal("-STOP");
+    let conninfo = m.conninfo();
+    let started = std::time::Instant::now();
+    let call = std::thread::spawn(move || {
+        let mut c = Client::connect(&conninfo, postgres::NoTls).expect("connect");
+        c.query_one("SELECT tso_seq('given-up', 5)", &[]).err()
+    });
+    // The caller waits 3 s (its timeout when it called); the member's worker, after the
+    // reload, would retry the call for a minute.
+    std::thread::sleep(Duration::from_millis(300));
+    c.batch_execute("ALTER SYSTEM SET tsoracle.extension_timeout_ms = 60000").expect("set");
+    c.batch_execute("SELECT pg_reload_conf()").expect("reload");
+    let e = call.join().unwrap().expect("the call fails while the oracle does not serve it");
+    assert_eq!(
+        e.code(),
+        Some(&SqlState::T_R_STATEMENT_COMPLETION_UNKNOWN),
+        "{}",
+        pg_error_string(&e)
+    );
+    // The oracle refuses the call in flight (57P03) once its own 5 s pass: the member would
+    // send it again. Then the oracle's worker goes on.
+    std::thread::sleep(Duration::from_secs(7).saturating_sub(started.elapsed()));
+    signal("-CONT");
+    let _: i64 = poll_until("the member serves again", Duration::from_secs(30), || {
+        c.query_one("SELECT tso_next()", &[]).ok().map(|r| r.get(0))
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    let next: i64 = c.query_one("SELECT tso_seq('given-up', 1)", &[]).unwrap().get(0);
+    assert_eq!(next, first + 1, "a block was granted for a caller that had given up");
 }
 
 /// TLS with `sslmode=verify-full`: the oracle admits the member's role over TLS only. A member
