@@ -23,7 +23,9 @@
 //!
 //! The worker waits on its latch and on the connection's socket together, in its one thread.
 
-use super::member_calls::{answer_call, answer_next, call_statement, remote, RETRYABLE};
+use super::member_calls::{
+    answer_call, answer_next, call_statement, lost, remote, rereadable, RETRYABLE,
+};
 use super::member_grants::{grants_lease, Grants};
 use super::state::{refuse, set_phase, Worker};
 use crate::pg::clock;
@@ -951,17 +953,6 @@ impl Proxy {
         }
         answer(&unknown);
     }
-}
-
-/// The answer to a call that may have been carried out on the oracle but whose answer is
-/// not known: `40003` for each of its requests, never sent again.
-fn lost(ticket: Ticket, requests: &[Request]) -> (Ticket, Vec<Reply>) {
-    (ticket, vec![Reply::err(ReplyCode::Lost); requests.len()])
-}
-
-/// A call that only reads (the safe frontier, a peek): sent again if its answer was lost.
-fn rereadable(requests: &[Request]) -> bool {
-    requests.iter().all(|r| matches!(r.kind, RequestKind::SafeFrontier | RequestKind::SeqPeek))
 }
 
 /// A `tso_next()`-like call: coalesced with the others into one `tsoracle.member_next`.

@@ -149,3 +149,14 @@ pub(super) fn answer_next(first: u64, calls: &[(Ticket, u32)]) -> Vec<(Ticket, V
 pub(super) fn remote(ticket: Ticket) -> Reply {
     Reply { epoch: ticket.generation as i64, ..Reply::err(ReplyCode::Remote) }
 }
+
+/// The answer to a call that may have been carried out on the oracle but whose answer is
+/// not known: `40003` for each of its requests, never sent again.
+pub(super) fn lost(ticket: Ticket, requests: &[Request]) -> (Ticket, Vec<Reply>) {
+    (ticket, vec![Reply::err(ReplyCode::Lost); requests.len()])
+}
+
+/// A call that only reads (the safe frontier, a peek): sent again if its answer was lost.
+pub(super) fn rereadable(requests: &[Request]) -> bool {
+    requests.iter().all(|r| matches!(r.kind, RequestKind::SafeFrontier | RequestKind::SeqPeek))
+}
