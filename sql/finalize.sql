@@ -301,3 +301,5 @@ GRANT EXECUTE ON FUNCTION tsoracle.member_safe_frontier() TO tsoracle_member;
 
 -- Removing a member of the fleet gives up R_f's wait for it: superusers only.
 REVOKE EXECUTE ON FUNCTION tso_fleet_remove(bigint) FROM PUBLIC;
+-- Re-admitting a removed member: superusers only.
+REVOKE EXECUTE ON FUNCTION tso_fleet_admit(bigint) FROM PUBLIC;

@@ -72,9 +72,10 @@ CREATE TABLE tsoracle.fleet_member (
     resolved      bigint NOT NULL CHECK (resolved >= 0),
     held_by_pid   integer,
     registered_at timestamptz NOT NULL,
-    reported_at   timestamptz
+    reported_at   timestamptz,
+    removed_at    timestamptz
 );
-COMMENT ON TABLE tsoracle.fleet_member IS 'The members of the fleet this oracle serves: each holds the fleet-wide resolved timestamp at or below the highest resolved timestamp it reported, until it reports a higher one or a superuser removes it (tso_fleet_remove).';
+COMMENT ON TABLE tsoracle.fleet_member IS 'The members of the fleet this oracle serves: each holds the fleet-wide resolved timestamp at or below the highest resolved timestamp it reported, until it reports a higher one or a superuser removes it (tso_fleet_remove). A removed member (removed_at) holds nothing and is refused until a superuser re-admits it (tso_fleet_admit).';
 CREATE TABLE tsoracle.fleet_resolved (
     id         boolean PRIMARY KEY DEFAULT true CHECK (id),
     ts         bigint NOT NULL CHECK (ts >= 0),

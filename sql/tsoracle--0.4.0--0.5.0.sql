@@ -1,4 +1,5 @@
--- tsoracle 0.4.0 -> 0.5.0: a member of a fleet remembers the oracle that served it.
+-- tsoracle 0.4.0 -> 0.5.0: a member of a fleet remembers the oracle that served it; a removed
+-- member stays out until it is re-admitted.
 
 -- On a member of a fleet (docs/fleet.md): the oracle that served it, as its worker last saw
 -- it — the oracle's system identifier and the highest epoch it answered with. Written by the
@@ -19,3 +20,16 @@ REVOKE ALL ON tsoracle.member_oracle FROM PUBLIC;
 CREATE TRIGGER only_the_worker BEFORE INSERT OR UPDATE ON tsoracle.member_oracle
     FOR EACH ROW EXECUTE FUNCTION tsoracle.only_the_worker();
 ALTER TABLE tsoracle.member_oracle ENABLE ALWAYS TRIGGER only_the_worker;
+
+-- A removed member stays out of the fleet until a superuser re-admits it (tso_fleet_admit).
+ALTER TABLE tsoracle.fleet_member ADD COLUMN removed_at timestamptz;
+COMMENT ON TABLE tsoracle.fleet_member IS 'The members of the fleet this oracle serves: each holds the fleet-wide resolved timestamp at or below the highest resolved timestamp it reported, until it reports a higher one or a superuser removes it (tso_fleet_remove). A removed member (removed_at) holds nothing and is refused until a superuser re-admits it (tso_fleet_admit).';
+
+CREATE  FUNCTION "tso_fleet_admit"(
+	"system_id" bigint /* i64 */
+) RETURNS bool /* bool */
+STRICT VOLATILE PARALLEL UNSAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'tso_fleet_admit_wrapper';
+-- Re-admitting a removed member: superusers only.
+REVOKE EXECUTE ON FUNCTION tso_fleet_admit(bigint) FROM PUBLIC;

@@ -78,6 +78,15 @@ pub fn holding(oracle_resolved: u64, members: &[MemberEntry]) -> Option<usize> {
         .map(|(i, _)| i)
 }
 
+/// Whether a new session may speak for a member already registered with a live session on
+/// the oracle: only once that session has been silent (no hello and no report) for at least
+/// `silence_ms` on the monotonic clock. A session that still reports belongs to a cluster
+/// that is alive: a second one with the same identity (a clone) must not take its place, or
+/// its entry would move past what the live one still holds.
+pub fn may_take_over(now_mono_ms: u64, last_heard_mono_ms: u64, silence_ms: u64) -> bool {
+    now_mono_ms.saturating_sub(last_heard_mono_ms) >= silence_ms
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -118,3 +118,19 @@ proptest! {
         prop_assert_eq!(m.system_id, if a_id != 0 { a_id } else { b_id });
     }
 }
+
+proptest! {
+    /// A second session takes a member over only after the first was silent for the whole
+    /// window on the monotonic clock; a session heard from within it keeps the member.
+    #[test]
+    fn a_member_is_taken_over_only_after_silence(
+        heard in 0u64..1_000_000,
+        since in 0u64..20_000,
+        silence in 1u64..10_000,
+    ) {
+        let now = heard + since;
+        prop_assert_eq!(tsoracle_core::fleet::may_take_over(now, heard, silence), since >= silence);
+        // A clock read before the last report (another process's) never allows it early.
+        prop_assert!(!tsoracle_core::fleet::may_take_over(heard.saturating_sub(since), heard, silence));
+    }
+}

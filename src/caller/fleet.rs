@@ -8,7 +8,7 @@ use crate::shmem::fleet::{MemberSlot, FLEET, MAX_MEMBERS};
 use crate::shmem::{self};
 use pgrx::pg_sys;
 use std::cell::Cell;
-use tsoracle_core::fleet::first_entry;
+use tsoracle_core::fleet::{first_entry, may_take_over};
 
 thread_local! {
     /// The member this session registered (its system identifier), after its hello.
@@ -42,9 +42,9 @@ pub fn register(system_id: u64, reported: u64) -> Result<(), TsoError> {
     match fleet.find(system_id) {
         Some(i) => {
             let m = &mut fleet.members[i];
-            if m.removing {
+            if !m.holds() {
                 return Err(TsoError::NotServing(format!(
-                    "member {system_id} is being removed from the fleet"
+                    "member {system_id} was removed from the fleet (tso_fleet_remove()): a superuser re-admits it on the oracle with SELECT tso_fleet_admit({system_id})"
                 )));
             }
             if m.role != role {
@@ -53,7 +53,19 @@ pub fn register(system_id: u64, reported: u64) -> Result<(), TsoError> {
                     m.role
                 )));
             }
+            let now = clock::mono_ms();
+            let silence = crate::pg::guc::extension_timeout_ms().max(0) as u64;
+            if m.session_pid != my_pid()
+                && alive(m.session_pid)
+                && !may_take_over(now, m.heard_mono_ms, silence)
+            {
+                return Err(TsoError::NotServing(format!(
+                    "member {system_id} is connected already (process {}) and reporting: another cluster with its system identifier (a clone) is not served while it is",
+                    m.session_pid
+                )));
+            }
             m.session_pid = my_pid();
+            m.heard_mono_ms = now;
         }
         None => {
             let Some(i) = fleet.free() else {
@@ -69,9 +81,12 @@ pub fn register(system_id: u64, reported: u64) -> Result<(), TsoError> {
                 registered_ms: clock::now_ms(),
                 reported_ms: 0,
                 session_pid: my_pid(),
+                heard_mono_ms: clock::mono_ms(),
                 persisted: false,
                 persisted_resolved: 0,
                 removing: false,
+                removed: false,
+                admitting: false,
             };
             drop(fleet);
             // The worker makes it durable at its next turn.
@@ -93,12 +108,17 @@ pub fn check_served() -> Result<(), TsoError> {
     let system_id = mine("tsoracle.member_next()")?;
     let fleet = FLEET.share();
     match fleet.find(system_id).map(|i| fleet.members[i]) {
-        Some(m) if m.persisted && !m.removing => Ok(()),
-        Some(m) if !m.removing => Err(TsoError::NotServing(format!(
+        // Another session took the member over: this one is served nothing more.
+        Some(m) if m.session_pid != my_pid() => Err(TsoError::NotServing(format!(
+            "another session speaks for member {system_id} now (process {})",
+            m.session_pid
+        ))),
+        Some(m) if m.persisted && m.holds() => Ok(()),
+        Some(m) if m.holds() => Err(TsoError::NotServing(format!(
             "the registration of member {system_id} is not durable yet"
         ))),
         _ => Err(TsoError::NotServing(format!(
-            "member {system_id} was removed from the fleet: it registers again on its next connection"
+            "member {system_id} was removed from the fleet: a superuser re-admits it on the oracle with SELECT tso_fleet_admit({system_id})"
         ))),
     }
 }
@@ -107,18 +127,24 @@ pub fn check_served() -> Result<(), TsoError> {
 pub fn report(resolved: u64, held_by_pid: i32) -> Result<(), TsoError> {
     let system_id = mine("tsoracle.member_report()")?;
     let mut fleet = FLEET.exclusive();
-    let Some(i) = fleet.find(system_id).filter(|&i| !fleet.members[i].removing) else {
+    let Some(i) = fleet.find(system_id).filter(|&i| fleet.members[i].holds()) else {
         return Err(TsoError::NotServing(format!(
-            "member {system_id} was removed from the fleet: it registers again on its next connection"
+            "member {system_id} was removed from the fleet: a superuser re-admits it on the oracle with SELECT tso_fleet_admit({system_id})"
         )));
     };
     let m = &mut fleet.members[i];
+    if m.session_pid != my_pid() {
+        return Err(TsoError::NotServing(format!(
+            "another session speaks for member {system_id} now (process {})",
+            m.session_pid
+        )));
+    }
     let mut entry = m.entry();
     entry.report(resolved);
     m.resolved = entry.resolved();
     m.held_by_pid = held_by_pid;
     m.reported_ms = clock::now_ms();
-    m.session_pid = my_pid();
+    m.heard_mono_ms = clock::mono_ms();
     Ok(())
 }
 
@@ -129,14 +155,17 @@ fn alive(pid: i32) -> bool {
 }
 
 /// Remove member `system_id` (superusers only, checked by the caller): refused while a session
-/// of it is connected. The worker deletes its row; this waits for that, up to
-/// `tsoracle.extension_timeout_ms`.
+/// of it is connected. The worker marks its row removed; this waits for that, up to
+/// `tsoracle.extension_timeout_ms`. The member is refused from then on, until [`admit`].
 pub fn remove(system_id: u64) -> Result<bool, TsoError> {
     let signals = shmem::signals()?;
     {
         let mut fleet = FLEET.exclusive();
         let Some(i) = fleet.find(system_id) else { return Ok(false) };
         let m = &mut fleet.members[i];
+        if m.removed {
+            return Ok(true);
+        }
         if alive(m.session_pid) {
             return Err(TsoError::MemberConnected {
                 system_id: system_id as i64,
@@ -147,11 +176,36 @@ pub fn remove(system_id: u64) -> Result<bool, TsoError> {
     }
     signals.wake_worker();
     // The worker wakes no one when it is done: the wait looks again every 50 ms.
+    let done = super::requests::wait_on_latch(|| {
+        let fleet = FLEET.share();
+        Ok(fleet.find(system_id).is_none_or(|i| fleet.members[i].removed).then_some(()))
+    })?;
+    done.map(|()| true).ok_or(TsoError::WorkerTimeout {
+        waited_ms: crate::pg::guc::extension_timeout_ms(),
+        what: "mark the member removed in tsoracle.fleet_member",
+    })
+}
+
+/// Re-admit member `system_id`, removed before (superusers only, checked by the caller): the
+/// worker deletes its row, and its next connection registers it anew (below everything the
+/// oracle issues from then on). `false` when it is not a removed member.
+pub fn admit(system_id: u64) -> Result<bool, TsoError> {
+    let signals = shmem::signals()?;
+    {
+        let mut fleet = FLEET.exclusive();
+        let Some(i) = fleet.find(system_id) else { return Ok(false) };
+        let m = &mut fleet.members[i];
+        if !m.removed {
+            return Ok(false);
+        }
+        m.admitting = true;
+    }
+    signals.wake_worker();
     let gone = super::requests::wait_on_latch(|| {
         Ok(FLEET.share().find(system_id).is_none().then_some(()))
     })?;
     gone.map(|()| true).ok_or(TsoError::WorkerTimeout {
         waited_ms: crate::pg::guc::extension_timeout_ms(),
-        what: "remove the member from tsoracle.fleet_member",
+        what: "re-admit the member in tsoracle.fleet_member",
     })
 }

@@ -29,14 +29,20 @@ pub struct MemberSlot {
     /// Wall ms of its registration and of its last report (0: none yet).
     pub registered_ms: u64,
     pub reported_ms: u64,
-    /// The oracle's server process of its connection now (0: none).
+    /// The oracle's server process of its connection now (0: none), and when that session
+    /// was last heard from (hello or report), on the monotonic clock (`clock::mono_ms`).
     pub session_pid: i32,
+    pub heard_mono_ms: u64,
     /// Its registration is durable: it may be served timestamps.
     pub persisted: bool,
     /// The `resolved` the table holds (the worker writes it again when it moved).
     pub persisted_resolved: u64,
-    /// A superuser removed it: the worker deletes its row, then frees the slot.
+    /// A superuser removed it: the worker marks its row removed (`removed_at`), then `removed`.
     pub removing: bool,
+    /// Removed durably: it holds nothing, and is refused until a superuser re-admits it.
+    pub removed: bool,
+    /// A superuser re-admits it: the worker deletes its row, then frees the slot.
+    pub admitting: bool,
 }
 
 impl MemberSlot {
@@ -44,9 +50,18 @@ impl MemberSlot {
         MemberEntry::new(self.resolved)
     }
 
-    /// What the table does not hold yet: its registration, its removal, or a higher entry.
+    /// What the table does not hold yet: its registration, its removal or re-admission, or a
+    /// higher entry.
     pub fn unwritten(&self) -> bool {
-        !self.persisted || self.removing || self.resolved != self.persisted_resolved
+        !self.persisted
+            || self.removing
+            || self.admitting
+            || (!self.removed && self.resolved != self.persisted_resolved)
+    }
+
+    /// It holds `R_f` (it may hold values): registered, and neither removed nor being removed.
+    pub fn holds(&self) -> bool {
+        !(self.removing || self.removed || self.admitting)
     }
 }
 

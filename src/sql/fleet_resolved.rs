@@ -1,5 +1,5 @@
 //! The fleet-wide resolved timestamp `R_f` (docs/fleet.md), on the oracle of a fleet:
-//! `tso_fleet_resolved()`, `tso_fleet_status()`, `tso_fleet_remove()`, and
+//! `tso_fleet_resolved()`, `tso_fleet_status()`, `tso_fleet_remove()`, `tso_fleet_admit()`, and
 //! `tsoracle.member_report()`, through which each member's worker reports its own `R`.
 
 use crate::caller::{fleet, resolved::fleet_current};
@@ -23,6 +23,15 @@ fn tso_fleet_resolved() -> i64 {
 fn tso_fleet_remove(system_id: i64) -> bool {
     check_superuser("remove a member from the fleet")
         .and_then(|()| fleet::remove(system_id as u64))
+        .or_report()
+}
+
+/// Re-admit member `system_id`, removed before by `tso_fleet_remove()` (superusers only): its
+/// next connection registers it anew. `false` when it is not a removed member.
+#[pg_extern(volatile, parallel_unsafe, strict)]
+fn tso_fleet_admit(system_id: i64) -> bool {
+    check_superuser("re-admit a member to the fleet")
+        .and_then(|()| fleet::admit(system_id as u64))
         .or_report()
 }
 
@@ -65,7 +74,8 @@ type StatusRow = (
 /// The members as the oracle's shared memory has them (on the primary).
 fn status_rows() -> Vec<StatusRow> {
     let fleet = *FLEET.share();
-    let members: Vec<MemberSlot> = fleet.used().copied().collect();
+    // A removed member holds nothing: it is not listed (tsoracle.fleet_member has it).
+    let members: Vec<MemberSlot> = fleet.used().filter(|m| m.holds()).copied().collect();
     let entries: Vec<_> = members.iter().map(MemberSlot::entry).collect();
     let signals = crate::shmem::signals().ok();
     let own =
@@ -100,10 +110,10 @@ fn standby_rows() -> Result<Vec<StatusRow>, TsoError> {
     Spi::connect(|client| {
         let rows = client.select(
             "SELECT m.system_id, COALESCE(r.rolname::pg_catalog.text, m.role::pg_catalog.text), m.resolved, m.held_by_pid, \
-                    m.resolved OPERATOR(pg_catalog.=) (SELECT pg_catalog.min(resolved) FROM tsoracle.fleet_member), \
+                    m.resolved OPERATOR(pg_catalog.=) (SELECT pg_catalog.min(resolved) FROM tsoracle.fleet_member WHERE removed_at IS NULL), \
                     m.registered_at, m.reported_at \
              FROM tsoracle.fleet_member m LEFT JOIN pg_catalog.pg_roles r ON r.oid OPERATOR(pg_catalog.=) m.role \
-             ORDER BY m.system_id",
+             WHERE m.removed_at IS NULL ORDER BY m.system_id",
             None,
             &[],
         )?;

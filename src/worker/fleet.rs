@@ -41,11 +41,11 @@ pub(super) fn due(own: u64) -> bool {
 /// Registrations and removals wait for a publication: it runs at once for them.
 pub(super) fn urgent() -> bool {
     let f = FLEET.share();
-    !f.loaded || f.used().any(|m| !m.persisted || m.removing)
+    !f.loaded || f.used().any(|m| !m.persisted || m.removing || m.admitting)
 }
 
 fn computed(f: &FleetState, own: u64) -> u64 {
-    publish(f.published, fleet_resolved(own, f.used().filter(|m| !m.removing).map(|m| m.entry())))
+    publish(f.published, fleet_resolved(own, f.used().filter(|m| m.holds()).map(|m| m.entry())))
 }
 
 /// Read what a previous primary made durable (the first time since this server started).
@@ -54,7 +54,8 @@ fn load() -> Result<(Vec<MemberSlot>, u64), pgrx::spi::Error> {
         let rows = client.select(
             "SELECT system_id, role::pg_catalog.int8, resolved, COALESCE(held_by_pid, 0), \
                     (pg_catalog.date_part('epoch', registered_at) OPERATOR(pg_catalog.*) 1000)::pg_catalog.int8, \
-                    COALESCE((pg_catalog.date_part('epoch', reported_at) OPERATOR(pg_catalog.*) 1000)::pg_catalog.int8, 0) \
+                    COALESCE((pg_catalog.date_part('epoch', reported_at) OPERATOR(pg_catalog.*) 1000)::pg_catalog.int8, 0), \
+                    removed_at IS NOT NULL \
              FROM tsoracle.fleet_member ORDER BY system_id LIMIT $1",
             None,
             &[(MAX_MEMBERS as i64).into()],
@@ -71,9 +72,12 @@ fn load() -> Result<(Vec<MemberSlot>, u64), pgrx::spi::Error> {
                 registered_ms: row.get::<i64>(5)?.unwrap_or(0).max(0) as u64,
                 reported_ms: row.get::<i64>(6)?.unwrap_or(0).max(0) as u64,
                 session_pid: 0,
+                heard_mono_ms: 0,
                 persisted: true,
                 persisted_resolved: resolved,
                 removing: false,
+                removed: row.get::<bool>(7)?.unwrap_or(false),
+                admitting: false,
             });
         }
         let published = client
@@ -98,9 +102,15 @@ pub(super) fn write(own: u64) -> Result<Written, pgrx::spi::Error> {
     }
     let members: Vec<MemberSlot> = f.used().filter(|m| m.unwritten()).copied().collect();
     for m in &members {
-        if m.removing {
+        if m.admitting {
             Spi::run_with_args(
                 "DELETE FROM tsoracle.fleet_member WHERE system_id OPERATOR(pg_catalog.=) $1",
+                &[(m.system_id as i64).into()],
+            )?;
+        } else if m.removing {
+            Spi::run_with_args(
+                "UPDATE tsoracle.fleet_member SET removed_at = pg_catalog.now(), held_by_pid = NULL \
+                 WHERE system_id OPERATOR(pg_catalog.=) $1",
                 &[(m.system_id as i64).into()],
             )?;
         } else {
@@ -139,10 +149,14 @@ pub(super) fn committed(w: Written, now_ms: u64) {
     for m in w.members {
         let Some(i) = f.find(m.system_id) else { continue };
         let slot = &mut f.members[i];
-        if m.removing {
-            if slot.removing {
+        if m.admitting {
+            if slot.admitting {
                 *slot = MemberSlot::default();
             }
+        } else if m.removing {
+            slot.removing = false;
+            slot.removed = true;
+            slot.session_pid = 0;
         } else {
             slot.persisted = true;
             slot.persisted_resolved = slot.persisted_resolved.max(m.resolved);

@@ -10,7 +10,8 @@
 //!   timestamp order, and no row that rolled back; `R_f` never decreases;
 //! - an idle transaction on a member holds `R_f`, and `tso_fleet_status()` names its process;
 //! - a member that stops reporting holds `R_f`, `tso_fleet_status()` names it, and once a
-//!   superuser removes it `R_f` goes on;
+//!   superuser removes it `R_f` goes on; a removed member stays out until a superuser
+//!   re-admits it (`tso_fleet_admit()`);
 //! - who may do what: a role speaking for another role's member, a report without a hello,
 //!   a removal by a non-superuser or of a connected member, a write to the tables.
 //!
@@ -571,9 +572,42 @@ fn what_holds_the_fleet_is_named_and_a_silent_member_holds_it_until_removed() {
         let rf: i64 = o.query_one("SELECT tso_fleet_resolved()", &[]).unwrap().get(0);
         (rf >= ours).then_some(())
     });
-    let remaining: i64 =
-        o.query_one("SELECT count(*) FROM tsoracle.fleet_member", &[]).unwrap().get(0);
-    assert_eq!(remaining, 1, "member 2's row is deleted, member 1's kept");
+    let remaining: i64 = o
+        .query_one("SELECT count(*) FROM tsoracle.fleet_member WHERE removed_at IS NULL", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(remaining, 1, "member 2's row is marked removed, member 1's kept");
+
+    // Member 2 back: it stays out (a removal is deliberate) until a superuser re-admits it.
+    m2.start().expect("start member 2 again");
+    let refused = poll_until("member 2 is refused", Duration::from_secs(20), || {
+        match m2.connect().query_one("SELECT tso_next()", &[]) {
+            Ok(_) => panic!("a removed member was served"),
+            Err(e) => {
+                let text = pg_error_string(&e);
+                text.contains("tso_fleet_admit").then_some(text)
+            }
+        }
+    });
+    assert!(refused.contains("57P03"), "{refused}");
+    assert!(status_of(&oracle, id2).is_none(), "a removed member holds nothing");
+    o.batch_execute("CREATE ROLE plain LOGIN").unwrap();
+    expect_sqlstate(
+        oracle.connect_as("plain").query("SELECT tso_fleet_admit($1)", &[&id2]),
+        &SqlState::INSUFFICIENT_PRIVILEGE,
+        "tso_fleet_admit as a plain role",
+    );
+    let admitted: bool = o.query_one("SELECT tso_fleet_admit($1)", &[&id2]).unwrap().get(0);
+    assert!(admitted, "member 2 re-admitted");
+    let again: bool = o.query_one("SELECT tso_fleet_admit($1)", &[&id2]).unwrap().get(0);
+    assert!(!again, "a member not removed is not re-admitted");
+    let served: i64 = poll_until("member 2 serves again", Duration::from_secs(30), || {
+        m2.connect().query_one("SELECT tso_next()", &[]).ok().map(|r| r.get(0))
+    });
+    assert!(served > ours);
+    poll_until("member 2 registered anew", Duration::from_secs(10), || {
+        status_of(&oracle, id2).map(|_| ())
+    });
 
     // R_f in the oracle's change stream: transactional messages, never decreasing, the
     // latest at or above what was read before.
@@ -774,4 +808,46 @@ fn the_relay_never_passes_a_row_a_standby_has_not_replayed() {
         "the relay's cursor {cursor} passed rows it never emitted: {missed:?}"
     );
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A clone of a member (`pg_basebackup`, promoted) beside its live original, which holds a
+/// timestamp in an open transaction: the clone has the original's system identifier, and is
+/// refused while the original's session reports, so it never takes the original's entry, and
+/// the fleet's `R_f` stays below the value the original holds.
+#[test]
+fn a_clone_beside_its_live_original_is_refused_and_r_f_waits_for_the_original() {
+    let oracle = serving_node("fr-c-oracle", NodeOpts::new());
+    admit_members(&oracle);
+    let m = member("fr-c-m", &oracle_conninfo(&[oracle.port()], MEMBER_ROLE));
+    let mut holder = m.connect();
+    holder.batch_execute("BEGIN").unwrap();
+    let held: i64 = holder.query_one("SELECT tso_next()", &[]).unwrap().get(0);
+    let mut clone = Node::base_backup_from(&m, "fr-c-clone").expect("pg_basebackup of the member");
+    clone.start().expect("start the clone");
+    promote(&clone).expect("promote the clone");
+    let refused = poll_until("the clone is refused", Duration::from_secs(30), || {
+        match clone.connect().query_one("SELECT tso_next()", &[]) {
+            Ok(r) => panic!("the clone was served {} beside its live original", r.get::<_, i64>(0)),
+            Err(e) => {
+                let text = pg_error_string(&e);
+                text.contains("connected already").then_some(text)
+            }
+        }
+    });
+    assert!(refused.contains("57P03"), "{refused}");
+    let mut o = oracle.connect();
+    for _ in 0..15 {
+        let rf: i64 = o.query_one("SELECT tso_fleet_resolved()", &[]).unwrap().get(0);
+        assert!(rf < held, "R_f {rf} passed {held}, which the original still holds");
+        let members: i64 =
+            o.query_one("SELECT count(*) FROM tso_fleet_status()", &[]).unwrap().get(0);
+        assert_eq!(members, 1, "one entry: the original's");
+        thread::sleep(Duration::from_millis(200));
+    }
+    holder.batch_execute("COMMIT").unwrap();
+    poll_until("R_f passes the value once it is committed", Duration::from_secs(20), || {
+        let _: i64 = m.connect().query_one("SELECT tso_next()", &[]).unwrap().get(0);
+        let rf: i64 = o.query_one("SELECT tso_fleet_resolved()", &[]).unwrap().get(0);
+        (rf >= held).then_some(())
+    });
 }

@@ -462,18 +462,18 @@ fn smoke(b: &PgBouncer, db: &str) -> BTreeSet<&'static str> {
     called.extend(["tso_handover", "tso_member_status"]);
 
     // The fleet's functions on a cluster with no member: R_f is published, no member is
-    // listed, and removing one is for superusers.
+    // listed, and removing or re-admitting one is for superusers.
     assert!(int8(&mut c, "SELECT tso_fleet_resolved()", &[]) > 0, "{db}: R_f");
-    let rows = other.query_typed("SELECT * FROM tso_fleet_status()", &[]).unwrap();
-    assert!(rows.is_empty(), "{db}: no member");
-    let e = c.query_typed("SELECT tso_fleet_remove(1)", &[]).expect_err("tso_fleet_remove as app");
-    assert_eq!(e.code(), Some(&SqlState::INSUFFICIENT_PRIVILEGE), "{db}: {}", pg_error_string(&e));
-    called.extend(["tso_fleet_resolved", "tso_fleet_status", "tso_fleet_remove"]);
-
+    assert!(other.query_typed("SELECT * FROM tso_fleet_status()", &[]).unwrap().is_empty());
+    called.extend(["tso_fleet_resolved", "tso_fleet_status"]);
+    for f in ["tso_fleet_remove", "tso_fleet_admit"] {
+        let e = c.query_typed(&format!("SELECT {f}(1)"), &[]).expect_err(f);
+        assert_eq!(e.code(), Some(&SqlState::INSUFFICIENT_PRIVILEGE), "{db} {f}: {e}");
+        called.insert(f);
+    }
     let state: String = one(&mut c, "SELECT state FROM tso_status()", &[]).get(0);
     assert_eq!(state, "serving", "{db}");
-    let wall = int8(&mut other, "SELECT wall_ms FROM tso_clock()", &[]);
-    assert!(wall > 0);
+    assert!(int8(&mut other, "SELECT wall_ms FROM tso_clock()", &[]) > 0);
     called.extend(["tso_status", "tso_clock"]);
     called
 }
