@@ -109,7 +109,7 @@ pub fn check_served() -> Result<(), TsoError> {
     let fleet = FLEET.share();
     match fleet.find(system_id).map(|i| fleet.members[i]) {
         // Another session took the member over: this one is served nothing more.
-        Some(m) if m.session_pid != my_pid() => Err(TsoError::NotServing(format!(
+        Some(m) if m.holds() && m.session_pid != my_pid() => Err(TsoError::NotServing(format!(
             "another session speaks for member {system_id} now (process {})",
             m.session_pid
         ))),
@@ -201,8 +201,10 @@ pub fn admit(system_id: u64) -> Result<bool, TsoError> {
         m.admitting = true;
     }
     signals.wake_worker();
+    // Done once the slot is freed: a member that registers again at once has a new one.
     let gone = super::requests::wait_on_latch(|| {
-        Ok(FLEET.share().find(system_id).is_none().then_some(()))
+        let fleet = FLEET.share();
+        Ok(fleet.find(system_id).is_none_or(|i| !fleet.members[i].admitting).then_some(()))
     })?;
     gone.map(|()| true).ok_or(TsoError::WorkerTimeout {
         waited_ms: crate::pg::guc::extension_timeout_ms(),
