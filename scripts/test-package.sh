@@ -52,7 +52,9 @@ for major in "$@"; do
     # The library was built for this major (its magic block records the major).
     tmp=$(mktemp -d); dpkg-deb -x "$deb" "$tmp"
     so=$tmp/usr/lib/postgresql/$major/lib/tsoracle.so
-    if nm -D --defined-only "$so" 2>/dev/null | grep -q ' Pg_magic_func$'; then ok "$name: library has a magic block"; else fail "$name: no Pg_magic_func in the library"; fi
+    # Read whole first: `nm | grep -q` under pipefail fails when grep exits before nm is done.
+    syms=$(nm -D --defined-only "$so" 2>/dev/null || true)
+    if grep -q ' Pg_magic_func$' <<<"$syms"; then ok "$name: library has a magic block"; else fail "$name: no Pg_magic_func in the library"; fi
     for f in $EXAMPLES; do
         if cmp -s "$f" "$tmp/usr/share/doc/$name/examples/$(basename "$f")"; then ok "$name: examples/$(basename "$f") is $f"; else fail "$name: examples/$(basename "$f") differs from $f"; fi
     done
