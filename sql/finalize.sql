@@ -156,6 +156,13 @@ CREATE TRIGGER only_the_worker_truncate BEFORE TRUNCATE ON tsoracle.fleet_resolv
 CREATE TRIGGER only_the_worker BEFORE INSERT OR UPDATE ON tsoracle.member_oracle
     FOR EACH ROW EXECUTE FUNCTION tsoracle.only_the_worker();
 ALTER TABLE tsoracle.member_oracle ENABLE ALWAYS TRIGGER only_the_worker;
+-- A member's leases: written by the worker only (a row deleted by hand would let R pass a live
+-- lease's stamps).
+CREATE TRIGGER only_the_worker BEFORE INSERT OR UPDATE OR DELETE ON tsoracle.member_lease
+    FOR EACH ROW EXECUTE FUNCTION tsoracle.only_the_worker();
+ALTER TABLE tsoracle.member_lease ENABLE ALWAYS TRIGGER only_the_worker;
+CREATE TRIGGER only_the_worker_truncate BEFORE TRUNCATE ON tsoracle.member_lease
+    FOR EACH STATEMENT EXECUTE FUNCTION tsoracle.only_the_worker();
 
 -- Nobody but the worker lowers or removes what the durable tables hold: a lowered or
 -- deleted high-water, counter or live lease would let the oracle issue again what it has

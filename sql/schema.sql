@@ -98,6 +98,20 @@ CREATE TABLE tsoracle.member_oracle (
 );
 COMMENT ON TABLE tsoracle.member_oracle IS 'On a member: the oracle that served it (system identifier) and the highest epoch it answered with; the member refuses any other oracle, and any older epoch (a deposed primary). Delete the row to accept a new oracle.';
 
+-- On a member of a fleet: each lease granted through it (one row per grant: a renewal's new
+-- lowest stamp is a row of its own), kept by the worker before the holder hears of it, so that
+-- the member's resolved timestamp still waits for it after any restart (docs/fleet.md). Rows
+-- expired by both clocks are deleted. Not dumped: a restored copy is another member.
+CREATE TABLE tsoracle.member_lease (
+    lease_id        bigint NOT NULL,
+    lower_ms        bigint NOT NULL,
+    upper_ms        bigint NOT NULL,
+    expires_at_ms   bigint NOT NULL,
+    expires_mono_ms bigint NOT NULL,
+    PRIMARY KEY (lease_id, lower_ms)
+);
+COMMENT ON TABLE tsoracle.member_lease IS 'On a member: the leases granted through it, which hold its resolved timestamp below their lowest stamp (lower_ms) until they expire.';
+
 REVOKE ALL ON SCHEMA tsoracle FROM PUBLIC;
 REVOKE ALL ON ALL TABLES IN SCHEMA tsoracle FROM PUBLIC;
 -- The high-water may be read by anyone (monitoring, tso_status() on a standby).

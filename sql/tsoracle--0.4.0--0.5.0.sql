@@ -1,5 +1,5 @@
 -- tsoracle 0.4.0 -> 0.5.0: a member of a fleet remembers the oracle that served it; a removed
--- member stays out until it is re-admitted.
+-- member stays out until it is re-admitted; a member keeps the leases granted through it.
 
 -- On a member of a fleet (docs/fleet.md): the oracle that served it, as its worker last saw
 -- it — the oracle's system identifier and the highest epoch it answered with. Written by the
@@ -33,3 +33,24 @@ LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'tso_fleet_admit_wrapper';
 -- Re-admitting a removed member: superusers only.
 REVOKE EXECUTE ON FUNCTION tso_fleet_admit(bigint) FROM PUBLIC;
+
+-- On a member of a fleet: each lease granted through it (one row per grant: a renewal's new
+-- lowest stamp is a row of its own), kept by the worker before the holder hears of it, so that
+-- the member's resolved timestamp still waits for it after any restart (docs/fleet.md). Rows
+-- expired by both clocks are deleted. Not dumped: a restored copy is another member.
+CREATE TABLE tsoracle.member_lease (
+    lease_id        bigint NOT NULL,
+    lower_ms        bigint NOT NULL,
+    upper_ms        bigint NOT NULL,
+    expires_at_ms   bigint NOT NULL,
+    expires_mono_ms bigint NOT NULL,
+    PRIMARY KEY (lease_id, lower_ms)
+);
+COMMENT ON TABLE tsoracle.member_lease IS 'On a member: the leases granted through it, which hold its resolved timestamp below their lowest stamp (lower_ms) until they expire.';
+REVOKE ALL ON tsoracle.member_lease FROM PUBLIC;
+-- Written by the worker only: a row deleted by hand would let R pass a live lease's stamps.
+CREATE TRIGGER only_the_worker BEFORE INSERT OR UPDATE OR DELETE ON tsoracle.member_lease
+    FOR EACH ROW EXECUTE FUNCTION tsoracle.only_the_worker();
+ALTER TABLE tsoracle.member_lease ENABLE ALWAYS TRIGGER only_the_worker;
+CREATE TRIGGER only_the_worker_truncate BEFORE TRUNCATE ON tsoracle.member_lease
+    FOR EACH STATEMENT EXECUTE FUNCTION tsoracle.only_the_worker();

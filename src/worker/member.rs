@@ -165,6 +165,9 @@ pub(super) fn run(signals: &'static Signals, conninfo: String, shown: String) {
     }
     pgrx::log!("tsoracle worker is a member of the oracle {shown}");
     let Some(own) = super::member_past::load() else { return };
+    // The leases granted through this member before it (or its worker) restarted hold its R
+    // before anything is served.
+    let Some(grants) = super::member_grants::Grants::load() else { return };
     let mut proxy = Proxy {
         signals,
         conninfo,
@@ -184,7 +187,7 @@ pub(super) fn run(signals: &'static Signals, conninfo: String, shown: String) {
         },
         warned: None,
         pause_until: None,
-        grants: Grants::default(),
+        grants,
         own,
         durable_epoch: 0,
     };
@@ -690,7 +693,12 @@ impl Proxy {
                     answer(&super::member_past::refusals(&[ticket], &below, requests.len()));
                     return Ok(());
                 }
-                self.grants.note(&requests, &replies);
+                if let Err(why) = self.grants.note(&requests, &replies) {
+                    // Granted on the oracle but not kept here: handed to no one (40003).
+                    self.note(&why);
+                    answer(&[lost(ticket, &requests)]);
+                    return Ok(());
+                }
                 answer(&[(ticket, replies)]);
                 Ok(())
             }

@@ -1,8 +1,11 @@
 //! The leases a member's worker granted through the oracle (docs/fleet.md, "The resolved
 //! timestamp of a member"): they hold the member's resolved timestamp below their lowest stamp
 //! until they expire, as on the oracle, and while a grant is in flight the worker's own holder
-//! slot holds it below what that stamp will be.
+//! slot holds it below what that stamp will be. Each grant is kept in `tsoracle.member_lease`
+//! before its holder hears of it, and reloaded when the worker starts: a restart of the member,
+//! of its worker, or a promotion of its standby, forgets none.
 
+use crate::pg::xact::transaction;
 use crate::pg::{clock, guc};
 use crate::shmem::holders::HOLDERS;
 use crate::shmem::{Reply, ReplyCode, Request, RequestKind, Signals, LEASE_BOUNDS, MAX_LEASES};
@@ -53,11 +56,61 @@ impl Grants {
         release_hold();
     }
 
-    /// The grants, renewals and releases of a call the oracle answered: published before the
-    /// holder hears of them.
-    pub(super) fn note(&mut self, requests: &[Request], replies: &[Reply]) {
+    /// The grants kept in `tsoracle.member_lease` (`None`: it could not be read). A grant's
+    /// expiry on the monotonic clock holds across a restart of the server (the clock is the
+    /// machine's), and is capped at the longest TTL from now (a reboot restarts the clock).
+    pub(super) fn load() -> Option<Grants> {
+        let sample = clock::sample();
+        let cap = sample.mono_ms.saturating_add(guc::lease_ttl_max_ms().max(0) as u64);
+        let read = transaction(|| {
+            Spi::connect(|client| {
+                let mut live = Vec::new();
+                for row in client.select(
+                    "SELECT lease_id, lower_ms, upper_ms, expires_at_ms, expires_mono_ms FROM tsoracle.member_lease",
+                    None,
+                    &[],
+                )? {
+                    let ms = |i: usize| -> Result<u64, pgrx::spi::Error> {
+                        Ok(u64::try_from(row.get::<i64>(i)?.unwrap_or(0)).unwrap_or(0))
+                    };
+                    live.push((
+                        row.get::<i64>(1)?.unwrap_or(0),
+                        PublishedBound {
+                            bound_ms: ms(3)?,
+                            expires_at_ms: ms(4)?,
+                            expires_mono_ms: ms(5)?.min(cap),
+                            held_from_ms: ms(2)?,
+                        },
+                    ));
+                }
+                Ok::<_, pgrx::spi::Error>(live)
+            })
+        });
+        match read {
+            Ok(Ok(live)) => {
+                let grants = Grants { live, in_flight: 0 };
+                grants.publish();
+                Some(grants)
+            }
+            Ok(Err(e)) => {
+                pgrx::warning!("tsoracle member cannot read tsoracle.member_lease: {e}");
+                None
+            }
+            Err(e) => {
+                pgrx::warning!("tsoracle member cannot read tsoracle.member_lease: {e}");
+                None
+            }
+        }
+    }
+
+    /// The grants, renewals and releases of a call the oracle answered: kept durably and
+    /// published before the holder hears of them. `Err` when a grant could not be kept: it
+    /// must not be handed out (its lease expires unused).
+    pub(super) fn note(&mut self, requests: &[Request], replies: &[Reply]) -> Result<(), String> {
         let sample = clock::sample();
         let mut changed = false;
+        let mut kept: Vec<(i64, PublishedBound)> = Vec::new();
+        let mut released: Vec<i64> = Vec::new();
         for (r, reply) in requests.iter().zip(replies) {
             if reply.code != ReplyCode::Ok {
                 continue;
@@ -71,7 +124,7 @@ impl Grants {
                         _ => guc::lease_ttl_max_ms().max(0) as u64,
                     };
                     let expires_at_ms = u64::try_from(reply.expires_at_ms).unwrap_or(u64::MAX);
-                    self.live.push((
+                    kept.push((
                         reply.value,
                         PublishedBound {
                             bound_ms: u64::try_from(reply.bound_ms).unwrap_or(0),
@@ -82,28 +135,50 @@ impl Grants {
                             held_from_ms: u64::try_from(reply.from_ms).unwrap_or(0),
                         },
                     ));
-                    changed = true;
                 }
-                RequestKind::LeaseRelease => {
-                    let before = self.live.len();
-                    self.live.retain(|(id, _)| *id != r.arg);
-                    changed |= self.live.len() != before;
-                }
+                RequestKind::LeaseRelease => released.push(r.arg),
                 _ => {}
             }
+        }
+        if !kept.is_empty() {
+            keep(&kept)?;
+            self.live.extend(kept);
+            changed = true;
+        }
+        for id in released {
+            let before = self.live.len();
+            self.live.retain(|(lease, _)| *lease != id);
+            changed |= self.live.len() != before;
+            // Left in the table if this fails: it only holds R longer, until it expires.
+            let _ = transaction(|| {
+                Spi::run_with_args(
+                    "DELETE FROM tsoracle.member_lease WHERE lease_id OPERATOR(pg_catalog.=) $1",
+                    &[id.into()],
+                )
+            });
         }
         if changed {
             self.publish();
         }
+        Ok(())
     }
 
-    /// Drop the grants that expired, and publish what is left.
+    /// Drop the grants that expired (by both clocks), from memory and from the table, and
+    /// publish what is left.
     pub(super) fn prune(&mut self) {
         let now = clock::sample();
         let before = self.live.len();
         self.live.retain(|(_, b)| b.is_live(now.wall_ms, now.mono_ms));
         if self.live.len() != before {
             self.publish();
+            // Left in the table if this fails: reloaded after a restart, they expire then.
+            let _ = transaction(|| {
+                Spi::run_with_args(
+                    "DELETE FROM tsoracle.member_lease WHERE expires_at_ms OPERATOR(pg_catalog.<=) $1 \
+                     AND expires_mono_ms OPERATOR(pg_catalog.<=) $2",
+                    &[(now.wall_ms as i64).into(), (now.mono_ms as i64).into()],
+                )
+            });
         }
     }
 
@@ -116,5 +191,34 @@ impl Grants {
 fn release_hold() {
     if let Some(slot) = HOLDERS.mine() {
         slot.clear();
+    }
+}
+
+/// Keep grants in `tsoracle.member_lease`, committed (and on synchronous standbys) before this
+/// returns.
+fn keep(grants: &[(i64, PublishedBound)]) -> Result<(), String> {
+    let written = transaction(|| {
+        for (id, b) in grants {
+            Spi::run_with_args(
+                "INSERT INTO tsoracle.member_lease AS m (lease_id, lower_ms, upper_ms, expires_at_ms, expires_mono_ms) \
+                 VALUES ($1, $2, $3, $4, $5) ON CONFLICT (lease_id, lower_ms) DO UPDATE \
+                 SET upper_ms = GREATEST(m.upper_ms, EXCLUDED.upper_ms), \
+                     expires_at_ms = GREATEST(m.expires_at_ms, EXCLUDED.expires_at_ms), \
+                     expires_mono_ms = GREATEST(m.expires_mono_ms, EXCLUDED.expires_mono_ms)",
+                &[
+                    (*id).into(),
+                    (b.held_from_ms.min(i64::MAX as u64) as i64).into(),
+                    (b.bound_ms.min(i64::MAX as u64) as i64).into(),
+                    (b.expires_at_ms.min(i64::MAX as u64) as i64).into(),
+                    (b.expires_mono_ms.min(i64::MAX as u64) as i64).into(),
+                ],
+            )?;
+        }
+        Ok::<_, pgrx::spi::Error>(())
+    });
+    match written {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(format!("cannot keep a lease granted through this member: {e}")),
+        Err(e) => Err(format!("cannot keep a lease granted through this member: {e}")),
     }
 }

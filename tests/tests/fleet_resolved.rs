@@ -851,3 +851,63 @@ fn a_clone_beside_its_live_original_is_refused_and_r_f_waits_for_the_original() 
         (rf >= held).then_some(())
     });
 }
+
+/// A lease taken through a member holds the member's `R` below its lowest stamp until it is
+/// released, across a restart of the member and a restart of its worker alone: the member
+/// keeps it in `tsoracle.member_lease` and reloads it before it serves.
+#[test]
+fn a_lease_through_a_member_holds_its_r_across_restarts() {
+    let oracle = serving_node("fr-l-oracle", NodeOpts::new());
+    admit_members(&oracle);
+    let mut m = member("fr-l-m", &oracle_conninfo(&[oracle.port()], MEMBER_ROLE));
+    let mut c = m.connect();
+    let row = c
+        .query_one(
+            "SELECT lease_id, ts_lower_bound FROM tso_lease_acquire_bounds('h', 1, 60000)",
+            &[],
+        )
+        .expect("a lease through the member");
+    let (lease, lower): (i64, i64) = (row.get(0), row.get(1));
+    let held = |c: &mut Client, what: &str| {
+        for _ in 0..8 {
+            let _: i64 = c.query_one("SELECT tso_next()", &[]).unwrap().get(0);
+            let r: i64 = c.query_one("SELECT tso_resolved()", &[]).unwrap().get(0);
+            assert!(
+                r >> 18 < lower,
+                "{what}: R {r} (ms {}) passed the lease's lowest stamp {lower}",
+                r >> 18
+            );
+            thread::sleep(Duration::from_millis(250));
+        }
+    };
+    let serving = |m: &Node| -> Client {
+        poll_until("the member serves", Duration::from_secs(30), || {
+            let mut c = m.connect();
+            c.query_one("SELECT tso_next()", &[]).ok().map(|_| c)
+        })
+    };
+    held(&mut c, "before any restart");
+    drop(c);
+    m.restart(StopMode::Fast).expect("restart the member");
+    let mut c = serving(&m);
+    held(&mut c, "after the member restarted");
+    let worker: i32 = c
+        .query_one("SELECT pid FROM pg_stat_activity WHERE backend_type = 'tsoracle worker'", &[])
+        .unwrap()
+        .get(0);
+    let _: bool = c.query_one("SELECT pg_terminate_backend($1)", &[&worker]).unwrap().get(0);
+    thread::sleep(Duration::from_millis(500));
+    let mut c = serving(&m);
+    held(&mut c, "after the member's worker restarted");
+    let kept: i64 = c
+        .query_one("SELECT count(*) FROM tsoracle.member_lease WHERE lease_id = $1", &[&lease])
+        .unwrap()
+        .get(0);
+    assert!(kept >= 1, "the member keeps the lease");
+    c.query_one("SELECT tso_lease_release($1)", &[&lease]).expect("release the lease");
+    poll_until("R passes the lease's lowest stamp once released", Duration::from_secs(20), || {
+        let _: i64 = c.query_one("SELECT tso_next()", &[]).unwrap().get(0);
+        let r: i64 = c.query_one("SELECT tso_resolved()", &[]).unwrap().get(0);
+        (r >> 18 >= lower).then_some(())
+    });
+}
