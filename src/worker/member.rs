@@ -734,11 +734,8 @@ impl Proxy {
         }
         self.signals.broadcast();
         self.link = Link::Down(Instant::now());
-        {
-            let mut st = MEMBER.exclusive();
-            st.connected = false;
-            st.oracle_pid = 0;
-        }
+        MEMBER.exclusive().connected = false;
+        MEMBER.exclusive().oracle_pid = 0;
         let refused = |t: Ticket, n: usize| (t, vec![Reply::err(ReplyCode::Refused); n]);
         let mut replies = Vec::new();
         for sent in std::mem::take(&mut self.sent) {
@@ -753,11 +750,9 @@ impl Proxy {
                 Flight::Hello | Flight::Prepare | Flight::Heartbeat | Flight::Report => {}
             }
         }
-        replies.extend(
-            std::mem::take(&mut self.waiting)
-                .into_iter()
-                .map(|w| refused(w.ticket, w.requests.len())),
-        );
+        for w in std::mem::take(&mut self.waiting) {
+            replies.push(refused(w.ticket, w.requests.len()));
+        }
         if let Ok(mut guard) = QUEUE.exclusive() {
             let mut queue = guard.queue();
             replies.extend(queue.take_pending().into_iter().map(|(t, r)| refused(t, r.len())));
