@@ -69,6 +69,19 @@ pub fn transaction<T>(f: impl FnOnce() -> T) -> Result<T, Caught> {
     .execute()
 }
 
+/// [`transaction`] of SQL work that may itself fail (an SPI error): either failure as the one
+/// message of `what` went wrong, `"{what}: {error}"`.
+pub fn sql_transaction<T>(
+    what: &str,
+    f: impl FnOnce() -> Result<T, pgrx::spi::Error>,
+) -> Result<T, String> {
+    match transaction(f) {
+        Ok(Ok(value)) => Ok(value),
+        Ok(Err(e)) => Err(format!("{what}: {e}")),
+        Err(e) => Err(format!("{what}: {e}")),
+    }
+}
+
 /// Run `f` in a subtransaction of the current transaction; on an error roll back what it did
 /// (its writes, its locks) and return the error, leaving the transaction usable.
 pub fn subtransaction<T>(f: impl FnOnce() -> T) -> Result<T, Caught> {

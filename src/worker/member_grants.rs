@@ -5,7 +5,7 @@
 //! before its holder hears of it, and reloaded when the worker starts: a restart of the member,
 //! of its worker, or a promotion of its standby, forgets none.
 
-use crate::pg::xact::transaction;
+use crate::pg::xact::{sql_transaction, transaction};
 use crate::pg::{clock, guc};
 use crate::shmem::holders::HOLDERS;
 use crate::shmem::{Reply, ReplyCode, Request, RequestKind, Signals, LEASE_BOUNDS, MAX_LEASES};
@@ -62,7 +62,7 @@ impl Grants {
     pub(super) fn load() -> Option<Grants> {
         let sample = clock::sample();
         let cap = sample.mono_ms.saturating_add(guc::lease_ttl_max_ms().max(0) as u64);
-        let read = transaction(|| {
+        let read = sql_transaction("tsoracle member cannot read tsoracle.member_lease", || {
             Spi::connect(|client| {
                 let mut live = Vec::new();
                 for row in client.select(
@@ -83,21 +83,17 @@ impl Grants {
                         },
                     ));
                 }
-                Ok::<_, pgrx::spi::Error>(live)
+                Ok(live)
             })
         });
         match read {
-            Ok(Ok(live)) => {
+            Ok(live) => {
                 let grants = Grants { live, in_flight: 0 };
                 grants.publish();
                 Some(grants)
             }
-            Ok(Err(e)) => {
-                pgrx::warning!("tsoracle member cannot read tsoracle.member_lease: {e}");
-                None
-            }
-            Err(e) => {
-                pgrx::warning!("tsoracle member cannot read tsoracle.member_lease: {e}");
+            Err(why) => {
+                pgrx::warning!("{why}");
                 None
             }
         }
@@ -197,7 +193,7 @@ fn release_hold() {
 /// Keep grants in `tsoracle.member_lease`, committed (and on synchronous standbys) before this
 /// returns.
 fn keep(grants: &[(i64, PublishedBound)]) -> Result<(), String> {
-    let written = transaction(|| {
+    sql_transaction("cannot keep a lease granted through this member", || {
         for (id, b) in grants {
             Spi::run_with_args(
                 "INSERT INTO tsoracle.member_lease AS m (lease_id, lower_ms, upper_ms, expires_at_ms, expires_mono_ms) \
@@ -214,11 +210,6 @@ fn keep(grants: &[(i64, PublishedBound)]) -> Result<(), String> {
                 ],
             )?;
         }
-        Ok::<_, pgrx::spi::Error>(())
-    });
-    match written {
-        Ok(Ok(())) => Ok(()),
-        Ok(Err(e)) => Err(format!("cannot keep a lease granted through this member: {e}")),
-        Err(e) => Err(format!("cannot keep a lease granted through this member: {e}")),
-    }
+        Ok(())
+    })
 }

@@ -3,13 +3,13 @@
 //! written before anything of a new epoch is handed out, so that no restart of the member (or
 //! promotion of its standby) lets a deposed primary, or another cluster, serve it.
 
-use crate::pg::xact::transaction;
+use crate::pg::xact::sql_transaction;
 use pgrx::prelude::*;
 use tsoracle_core::member::OracleSeen;
 
 /// What the member's table holds (no row: never served).
 pub(super) fn read() -> Result<OracleSeen, String> {
-    let read = transaction(|| {
+    sql_transaction("cannot read tsoracle.member_oracle", || {
         Spi::connect(|client| {
             let mut seen = OracleSeen::default();
             for row in
@@ -20,33 +20,19 @@ pub(super) fn read() -> Result<OracleSeen, String> {
                     epoch: u64::try_from(row.get::<i64>(2)?.unwrap_or(0)).unwrap_or(0),
                 };
             }
-            Ok::<_, pgrx::spi::Error>(seen)
+            Ok(seen)
         })
-    });
-    match read {
-        Ok(Ok(seen)) => Ok(seen),
-        Ok(Err(e)) => Err(format!("cannot read tsoracle.member_oracle: {e}")),
-        Err(e) => Err(format!("cannot read tsoracle.member_oracle: {e}")),
-    }
+    })
 }
 
 /// Keep `seen` durably (the epoch never lowered), committed before this returns.
 pub(super) fn write(seen: OracleSeen) -> Result<(), String> {
-    let written = transaction(|| {
-        Spi::connect_mut(|client| {
-            client.update(
-                "INSERT INTO tsoracle.member_oracle AS m (id, system_id, epoch) VALUES (true, $1, $2) \
-                 ON CONFLICT (id) DO UPDATE SET system_id = EXCLUDED.system_id, \
-                 epoch = GREATEST(m.epoch, EXCLUDED.epoch), updated_at = pg_catalog.now()",
-                None,
-                &[(seen.system_id as i64).into(), (seen.epoch.min(i64::MAX as u64) as i64).into()],
-            )?;
-            Ok::<_, pgrx::spi::Error>(())
-        })
-    });
-    match written {
-        Ok(Ok(())) => Ok(()),
-        Ok(Err(e)) => Err(format!("cannot keep the oracle's epoch in tsoracle.member_oracle: {e}")),
-        Err(e) => Err(format!("cannot keep the oracle's epoch in tsoracle.member_oracle: {e}")),
-    }
+    sql_transaction("cannot keep the oracle's epoch in tsoracle.member_oracle", || {
+        Spi::run_with_args(
+            "INSERT INTO tsoracle.member_oracle AS m (id, system_id, epoch) VALUES (true, $1, $2) \
+             ON CONFLICT (id) DO UPDATE SET system_id = EXCLUDED.system_id, \
+             epoch = GREATEST(m.epoch, EXCLUDED.epoch), updated_at = pg_catalog.now()",
+            &[(seen.system_id as i64).into(), (seen.epoch.min(i64::MAX as u64) as i64).into()],
+        )
+    })
 }

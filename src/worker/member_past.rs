@@ -4,6 +4,7 @@
 //! twice when the oracle was not seeded above it.
 
 use super::member_calls::remote;
+use crate::pg::xact::sql_transaction;
 use crate::shmem::member::MEMBER;
 use crate::shmem::{Reply, ReplyCode, Request, RequestKind};
 use pgrx::bgworkers::BackgroundWorker;
@@ -16,7 +17,7 @@ use tsoracle_core::queue::Ticket;
 /// that fails is tried again a second later.
 pub(super) fn load() -> Option<OwnPast> {
     loop {
-        let read = crate::pg::xact::transaction(|| {
+        let read = sql_transaction("tsoracle member cannot read its own tables", || {
             Spi::connect(|client| {
                 let mut high_water = 0;
                 // No row: the cluster never served on its own.
@@ -31,14 +32,11 @@ pub(super) fn load() -> Option<OwnPast> {
                         counters.push((key, u64::try_from(next).unwrap_or(0)));
                     }
                 }
-                Ok::<_, pgrx::spi::Error>(OwnPast::new(
-                    u64::try_from(high_water).unwrap_or(0),
-                    counters,
-                ))
+                Ok(OwnPast::new(u64::try_from(high_water).unwrap_or(0), counters))
             })
         });
         match read {
-            Ok(Ok(own)) => {
+            Ok(own) => {
                 if own.high_water_ms() > 0 {
                     pgrx::log!(
                         "tsoracle member: this cluster issued timestamps on its own up to {} ms; none of the oracle's at or below is handed out",
@@ -47,8 +45,7 @@ pub(super) fn load() -> Option<OwnPast> {
                 }
                 return Some(own);
             }
-            Ok(Err(e)) => pgrx::warning!("tsoracle member cannot read its own tables: {e}"),
-            Err(e) => pgrx::warning!("tsoracle member cannot read its own tables: {e}"),
+            Err(why) => pgrx::warning!("{why}"),
         }
         if !BackgroundWorker::wait_latch(Some(Duration::from_secs(1))) {
             return None;

@@ -534,19 +534,8 @@ fn a_call_whose_caller_gave_up_is_never_sent() {
     let m = member("fleet-g-m", &oracle_conninfo(&[oracle.port()], MEMBER_ROLE));
     let mut c = m.connect();
     let first: i64 = c.query_one("SELECT tso_seq('given-up', 1)", &[]).unwrap().get(0);
-    let oracle_worker: i32 = oracle
-        .connect()
-        .query_one("SELECT pid FROM pg_stat_activity WHERE backend_type = 'tsoracle worker'", &[])
-        .unwrap()
-        .get(0);
-    let signal = |sig: &str| {
-        let ok = std::process::Command::new("kill")
-            .args([sig, &oracle_worker.to_string()])
-            .status()
-            .is_ok_and(|s| s.success());
-        assert!(ok, "kill {sig} {oracle_worker}");
-    };
-    signal("-STOP");
+    let oracle_worker = oracle.worker_pid();
+    oracle.pause_pid(oracle_worker, true);
     let conninfo = m.conninfo();
     let started = std::time::Instant::now();
     let call = std::thread::spawn(move || {
@@ -568,7 +557,7 @@ fn a_call_whose_caller_gave_up_is_never_sent() {
     // The oracle refuses the call in flight (57P03) once its own 5 s pass: the member would
     // send it again. Then the oracle's worker goes on.
     std::thread::sleep(Duration::from_secs(7).saturating_sub(started.elapsed()));
-    signal("-CONT");
+    oracle.pause_pid(oracle_worker, false);
     let _: i64 = poll_until("the member serves again", Duration::from_secs(30), || {
         c.query_one("SELECT tso_next()", &[]).ok().map(|r| r.get(0))
     });

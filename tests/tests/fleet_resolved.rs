@@ -694,19 +694,6 @@ fn only_a_member_speaks_for_itself_and_only_a_superuser_removes_one() {
     );
 }
 
-/// The backend pid of `node`'s tsoracle worker.
-fn worker_pid(node: &Node) -> i32 {
-    node.connect()
-        .query_one("SELECT pid FROM pg_stat_activity WHERE backend_type = 'tsoracle worker'", &[])
-        .expect("the tsoracle worker")
-        .get(0)
-}
-
-fn signal(pid: i32, sig: &str) {
-    let ok = Command::new("kill").args([sig, &pid.to_string()]).status().expect("kill").success();
-    assert!(ok, "kill {sig} {pid}");
-}
-
 /// A member's worker that dies while a lease grant is in flight (its holder slot holds the
 /// member's `R` below the grant's lowest stamp): the hold is released as it exits, so the
 /// member's `R`, and the fleet's, move again once it is back.
@@ -718,8 +705,8 @@ fn a_member_worker_that_dies_mid_grant_releases_its_hold() {
     let mut c = m.connect();
     let _: i64 = c.query_one("SELECT tso_next()", &[]).unwrap().get(0);
     // The oracle's worker paused: the member's grant stays in flight.
-    let oracle_worker = worker_pid(&oracle);
-    signal(oracle_worker, "-STOP");
+    let oracle_worker = oracle.worker_pid();
+    oracle.pause_pid(oracle_worker, true);
     let conninfo = m.conninfo();
     let grant = thread::spawn(move || {
         let mut c = Client::connect(&conninfo, NoTls).expect("connect");
@@ -727,11 +714,11 @@ fn a_member_worker_that_dies_mid_grant_releases_its_hold() {
     });
     thread::sleep(Duration::from_millis(800));
     let terminated: bool = c
-        .query_one("SELECT pg_terminate_backend($1)", &[&worker_pid(&m)])
+        .query_one("SELECT pg_terminate_backend($1)", &[&m.worker_pid()])
         .expect("terminate the member's worker")
         .get(0);
     assert!(terminated);
-    signal(oracle_worker, "-CONT");
+    oracle.pause_pid(oracle_worker, false);
     let failed = grant.join().expect("the grant's client");
     assert!(failed.is_some(), "the grant in flight when the worker died was not answered");
     let after: i64 = poll_until("the member serves again", Duration::from_secs(30), || {
@@ -891,11 +878,8 @@ fn a_lease_through_a_member_holds_its_r_across_restarts() {
     m.restart(StopMode::Fast).expect("restart the member");
     let mut c = serving(&m);
     held(&mut c, "after the member restarted");
-    let worker: i32 = c
-        .query_one("SELECT pid FROM pg_stat_activity WHERE backend_type = 'tsoracle worker'", &[])
-        .unwrap()
-        .get(0);
-    let _: bool = c.query_one("SELECT pg_terminate_backend($1)", &[&worker]).unwrap().get(0);
+    let _: bool =
+        c.query_one("SELECT pg_terminate_backend($1)", &[&m.worker_pid()]).unwrap().get(0);
     thread::sleep(Duration::from_millis(500));
     let mut c = serving(&m);
     held(&mut c, "after the member's worker restarted");

@@ -35,6 +35,26 @@ impl Node {
         Ok(kids)
     }
 
+    /// The pid of this node's tsoracle worker, as `pg_stat_activity` shows it.
+    pub fn worker_pid(&self) -> i32 {
+        self.connect()
+            .query_one(
+                "SELECT pid FROM pg_stat_activity WHERE backend_type = 'tsoracle worker'",
+                &[],
+            )
+            .unwrap_or_else(|e| panic!("node {}: the tsoracle worker: {e}", self.name))
+            .get(0)
+    }
+
+    /// Pause (`SIGSTOP`) or resume (`SIGCONT`) one process of this node.
+    pub fn pause_pid(&self, pid: i32, paused: bool) {
+        let signal = if paused { libc::SIGSTOP } else { libc::SIGCONT };
+        // SAFETY: kill(2) on a pid of this node's server, with a signal that only stops or
+        // continues it.
+        let rc = unsafe { libc::kill(pid, signal) };
+        assert_eq!(rc, 0, "node {}: kill({pid}, {signal}) failed", self.name);
+    }
+
     /// SIGKILL one process of this node (a backend, the tsoracle worker...). Refuses pids
     /// that are not descendants of this node's postmaster.
     pub fn kill9_pid(&self, pid: i32) -> Result<()> {
