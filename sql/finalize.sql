@@ -163,6 +163,13 @@ CREATE TRIGGER only_the_worker BEFORE INSERT OR UPDATE OR DELETE ON tsoracle.mem
 ALTER TABLE tsoracle.member_lease ENABLE ALWAYS TRIGGER only_the_worker;
 CREATE TRIGGER only_the_worker_truncate BEFORE TRUNCATE ON tsoracle.member_lease
     FOR EACH STATEMENT EXECUTE FUNCTION tsoracle.only_the_worker();
+-- A member's identity: written by the worker only (a copy given its original's identity by
+-- hand would let the oracle keep one entry for two clusters).
+CREATE TRIGGER only_the_worker BEFORE INSERT OR UPDATE OR DELETE ON tsoracle.member_identity
+    FOR EACH ROW EXECUTE FUNCTION tsoracle.only_the_worker();
+ALTER TABLE tsoracle.member_identity ENABLE ALWAYS TRIGGER only_the_worker;
+CREATE TRIGGER only_the_worker_truncate BEFORE TRUNCATE ON tsoracle.member_identity
+    FOR EACH STATEMENT EXECUTE FUNCTION tsoracle.only_the_worker();
 
 -- Nobody but the worker lowers or removes what the durable tables hold: a lowered or
 -- deleted high-water, counter or live lease would let the oracle issue again what it has

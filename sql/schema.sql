@@ -112,6 +112,19 @@ CREATE TABLE tsoracle.member_lease (
 );
 COMMENT ON TABLE tsoracle.member_lease IS 'On a member: the leases granted through it, which hold its resolved timestamp below their lowest stamp (lower_ms) until they expire.';
 
+-- On a member of a fleet: the identity it registers under on the oracle (docs/fleet.md) and
+-- the timeline it was last registered on. No row: its system identifier. A copy of the member
+-- (pg_basebackup, a restore) promoted beside its live original finds that identity in use and
+-- takes one of its own; a promoted standby whose old primary is gone keeps it. Written by the
+-- worker only. Not dumped: a restored copy is another member.
+CREATE TABLE tsoracle.member_identity (
+    id         boolean PRIMARY KEY DEFAULT true CHECK (id),
+    member_id  bigint NOT NULL CHECK (member_id <> 0),
+    timeline   bigint NOT NULL CHECK (timeline > 0),
+    updated_at timestamptz NOT NULL DEFAULT now()
+);
+COMMENT ON TABLE tsoracle.member_identity IS 'On a member: the identity it registers under on the oracle (member_id: its system identifier, or one of its own taken when it was promoted beside a live original that shares it) and the timeline it was last registered on.';
+
 REVOKE ALL ON SCHEMA tsoracle FROM PUBLIC;
 REVOKE ALL ON ALL TABLES IN SCHEMA tsoracle FROM PUBLIC;
 -- The high-water may be read by anyone (monitoring, tso_status() on a standby).

@@ -1,5 +1,6 @@
 -- tsoracle 0.4.0 -> 0.5.0: a member of a fleet remembers the oracle that served it; a removed
--- member stays out until it is re-admitted; a member keeps the leases granted through it.
+-- member stays out until it is re-admitted; a member keeps the leases granted through it; a
+-- member's copy promoted beside it takes an identity of its own.
 
 -- On a member of a fleet (docs/fleet.md): the oracle that served it, as its worker last saw
 -- it — the oracle's system identifier and the highest epoch it answered with. Written by the
@@ -53,4 +54,25 @@ CREATE TRIGGER only_the_worker BEFORE INSERT OR UPDATE OR DELETE ON tsoracle.mem
     FOR EACH ROW EXECUTE FUNCTION tsoracle.only_the_worker();
 ALTER TABLE tsoracle.member_lease ENABLE ALWAYS TRIGGER only_the_worker;
 CREATE TRIGGER only_the_worker_truncate BEFORE TRUNCATE ON tsoracle.member_lease
+    FOR EACH STATEMENT EXECUTE FUNCTION tsoracle.only_the_worker();
+
+-- On a member of a fleet: the identity it registers under on the oracle (docs/fleet.md) and
+-- the timeline it was last registered on. No row: its system identifier. A copy of the member
+-- (pg_basebackup, a restore) promoted beside its live original finds that identity in use and
+-- takes one of its own; a promoted standby whose old primary is gone keeps it. Written by the
+-- worker only. Not dumped: a restored copy is another member.
+CREATE TABLE tsoracle.member_identity (
+    id         boolean PRIMARY KEY DEFAULT true CHECK (id),
+    member_id  bigint NOT NULL CHECK (member_id <> 0),
+    timeline   bigint NOT NULL CHECK (timeline > 0),
+    updated_at timestamptz NOT NULL DEFAULT now()
+);
+COMMENT ON TABLE tsoracle.member_identity IS 'On a member: the identity it registers under on the oracle (member_id: its system identifier, or one of its own taken when it was promoted beside a live original that shares it) and the timeline it was last registered on.';
+REVOKE ALL ON tsoracle.member_identity FROM PUBLIC;
+-- A member's identity: written by the worker only (a copy given its original's identity by
+-- hand would let the oracle keep one entry for two clusters).
+CREATE TRIGGER only_the_worker BEFORE INSERT OR UPDATE OR DELETE ON tsoracle.member_identity
+    FOR EACH ROW EXECUTE FUNCTION tsoracle.only_the_worker();
+ALTER TABLE tsoracle.member_identity ENABLE ALWAYS TRIGGER only_the_worker;
+CREATE TRIGGER only_the_worker_truncate BEFORE TRUNCATE ON tsoracle.member_identity
     FOR EACH STATEMENT EXECUTE FUNCTION tsoracle.only_the_worker();

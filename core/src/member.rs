@@ -184,3 +184,37 @@ impl OracleSeen {
         Ok(OracleSeen { system_id, epoch })
     }
 }
+
+/// A member's identity in the fleet, as `tsoracle.member_identity` keeps it: the number it
+/// registers under on the oracle (its system identifier until it takes one of its own) and the
+/// timeline it was last registered on (`None`: no row yet).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemberIdentity {
+    pub id: u64,
+    pub timeline: Option<u32>,
+}
+
+impl MemberIdentity {
+    /// After the oracle refused this identity because another live session speaks for it, for
+    /// `refused_for_ms` in a row on the monotonic clock: does this cluster, now on `timeline`,
+    /// take an identity of its own? Only a cluster promoted since the identity was last
+    /// registered (another timeline, or none known) may: a copy of the member (`pg_basebackup`,
+    /// a restore) promoted beside its original, or a standby promoted while its old primary
+    /// still talks to the oracle. Each then holds the fleet's `R_f` for itself. And only once
+    /// the refusal has lasted `wait_ms`: a promoted standby whose old primary is gone takes the
+    /// entry over (it keeps the entry) as soon as the oracle sees that primary's session end or
+    /// fall silent. A restart on the same timeline never does: it waits for its old session.
+    pub fn takes_its_own(&self, timeline: u32, refused_for_ms: u64, wait_ms: u64) -> bool {
+        self.timeline != Some(timeline) && refused_for_ms >= wait_ms
+    }
+
+    /// A new identity from `random`: never 0 (no member), this one, or `system_id` (the
+    /// identity of every copy that has not taken its own).
+    pub fn fresh(&self, system_id: u64, random: u64) -> u64 {
+        let mut id = random;
+        while id == 0 || id == self.id || id == system_id {
+            id = id.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+        }
+        id
+    }
+}

@@ -2,7 +2,8 @@
 
 use proptest::prelude::*;
 use tsoracle_core::member::{
-    floor_after, parse_next_answer, split, EpochGate, OracleRefused, OracleSeen, OwnPast,
+    floor_after, parse_next_answer, split, EpochGate, MemberIdentity, OracleRefused, OracleSeen,
+    OwnPast,
 };
 use tsoracle_core::timestamp::{pack, MAX_LOGICAL};
 
@@ -132,5 +133,27 @@ proptest! {
         prop_assert_eq!(tsoracle_core::fleet::may_take_over(now, heard, silence), since >= silence);
         // A clock read before the last report (another process's) never allows it early.
         prop_assert!(!tsoracle_core::fleet::may_take_over(heard.saturating_sub(since), heard, silence));
+    }
+}
+
+proptest! {
+    /// A member takes an identity of its own only when it was promoted since its identity was
+    /// registered (another timeline) and the oracle refused it for the whole wait; the new one
+    /// is none that a copy of it, or no member, goes by.
+    #[test]
+    fn a_member_takes_its_own_identity_only_when_promoted_and_refused_throughout(
+        id: u64,
+        system_id: u64,
+        registered in proptest::option::of(1u32..5),
+        timeline in 1u32..5,
+        refused_for in 0u64..20_000,
+        wait in 0u64..10_000,
+        random: u64,
+    ) {
+        let me = MemberIdentity { id, timeline: registered };
+        let takes = me.takes_its_own(timeline, refused_for, wait);
+        prop_assert_eq!(takes, registered != Some(timeline) && refused_for >= wait);
+        let fresh = me.fresh(system_id, random);
+        prop_assert!(fresh != 0 && fresh != id && fresh != system_id);
     }
 }

@@ -59,10 +59,10 @@ pub fn register(system_id: u64, reported: u64) -> Result<(), TsoError> {
                 && alive(m.session_pid)
                 && !may_take_over(now, m.heard_mono_ms, silence)
             {
-                return Err(TsoError::NotServing(format!(
-                    "member {system_id} is connected already (process {}) and reporting: another cluster with its system identifier (a clone) is not served while it is",
-                    m.session_pid
-                )));
+                return Err(TsoError::MemberInUse {
+                    system_id: system_id as i64,
+                    pid: m.session_pid,
+                });
             }
             m.session_pid = my_pid();
             m.heard_mono_ms = now;

@@ -105,6 +105,10 @@ pub enum TsoError {
     #[error("member {system_id} is connected to the oracle (process {pid})")]
     MemberConnected { system_id: i64, pid: i32 },
 
+    /// On the oracle: a member's hello while another live session speaks for the same identity.
+    #[error("member {system_id} is connected already (process {pid}) and reporting: another cluster with its identity is not served while it is")]
+    MemberInUse { system_id: i64, pid: i32 },
+
     #[error("tsoracle internal error: {0}")]
     Internal(String),
 }
@@ -144,7 +148,9 @@ impl TsoError {
             TsoError::NotOnAMember(_) => ERRCODE_FEATURE_NOT_SUPPORTED,
             TsoError::TooManyMembers(_) => ERRCODE_CONFIGURATION_LIMIT_EXCEEDED,
             TsoError::MemberNotRegistered(_) => ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
-            TsoError::MemberConnected { .. } => ERRCODE_OBJECT_IN_USE,
+            TsoError::MemberConnected { .. } | TsoError::MemberInUse { .. } => {
+                ERRCODE_OBJECT_IN_USE
+            }
             TsoError::Internal(_) => ERRCODE_INTERNAL_ERROR,
         }
     }
@@ -216,6 +222,10 @@ impl TsoError {
             TsoError::MemberConnected { pid, .. } => Some(format!(
                 "Remove only a member that is gone for good: stop it, or clear tsoracle.oracle on it and restart it, then retry (SELECT pg_terminate_backend({pid}) ends its current connection, but it connects again)."
             )),
+            TsoError::MemberInUse { .. } => Some(
+                "A copy of that member (pg_basebackup, a restore) promoted beside it takes an identity of its own after twice tsoracle.extension_timeout_ms; the same cluster restarted waits for its old session to end."
+                    .into(),
+            ),
             _ => None,
         }
     }

@@ -11,8 +11,8 @@ use pgrx::prelude::*;
 use std::time::Duration;
 
 /// The tables this library reads and writes; each must be a member of the extension.
-const TABLES: [&str; 6] =
-    ["high_water", "seq", "lease", "resolved", "member_oracle", "member_lease"];
+const TABLES: [&str; 7] =
+    ["high_water", "seq", "lease", "resolved", "member_oracle", "member_lease", "member_identity"];
 
 /// What the worker found of the extension in its database.
 enum ExtensionState {

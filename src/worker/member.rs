@@ -27,6 +27,7 @@ use super::member_calls::{
     answer_call, answer_next, call_statement, lost, remote, rereadable, RETRYABLE,
 };
 use super::member_grants::{grants_lease, Grants};
+use super::member_identity::Identity;
 use super::state::{refuse, set_phase, Worker};
 use crate::pg::clock;
 use crate::pg::guc;
@@ -140,6 +141,8 @@ pub(super) struct Proxy {
     own: OwnPast,
     /// The oracle's epoch as `tsoracle.member_oracle` keeps it.
     durable_epoch: u64,
+    /// The identity it registers under (`tsoracle.member_identity`).
+    identity: Identity,
 }
 
 /// `tsoracle.oracle` as libpq reads it, with any password hidden; a connection string libpq
@@ -168,6 +171,7 @@ pub(super) fn run(signals: &'static Signals, conninfo: String, shown: String) {
     // The leases granted through this member before it (or its worker) restarted hold its R
     // before anything is served.
     let Some(grants) = super::member_grants::Grants::load() else { return };
+    let Some(identity) = Identity::load() else { return };
     let mut proxy = Proxy {
         signals,
         conninfo,
@@ -190,6 +194,7 @@ pub(super) fn run(signals: &'static Signals, conninfo: String, shown: String) {
         grants,
         own,
         durable_epoch: 0,
+        identity,
     };
     set_phase(signals, Phase::Starting);
     loop {
@@ -303,7 +308,7 @@ impl Proxy {
     /// Connected: pipeline mode, then the hello before anything else.
     fn begin(&mut self, mut conn: Conn) -> Result<(), LibpqError> {
         conn.enter_pipeline()?;
-        let system_id = crate::pg::system_identifier() as i64;
+        let system_id = self.identity.id();
         // This member's own R (0 before its first value since it started): the oracle
         // registers it at or below that.
         let resolved = crate::shmem::holders::primary_resolved(self.signals).unwrap_or(0);
@@ -771,17 +776,7 @@ impl Proxy {
         &mut self,
         rows: Result<Vec<Vec<Option<String>>>, crate::pg::libpq::RemoteError>,
     ) -> Result<(), String> {
-        let rows = rows.map_err(|e| match e.sqlstate.as_str() {
-            "42883" | "3F000" => format!(
-                "the oracle has no tsoracle {} (tsoracle.member_hello is missing): install it there, in its tsoracle.database",
-                crate::pg::EXTENSION_VERSION
-            ),
-            "42501" => format!(
-                "the oracle refuses this member's role: grant it tsoracle_member there ({})",
-                e.message
-            ),
-            _ => format!("the oracle refused this member: {} ({})", e.message, e.sqlstate),
-        })?;
+        let rows = rows.map_err(|e| self.identity.refused(&e))?;
         let row = rows.first().ok_or("the oracle's hello returned no row")?;
         let field = |i: usize| row.get(i).cloned().flatten().unwrap_or_default();
         let version = field(1);
@@ -809,6 +804,7 @@ impl Proxy {
             OracleRefused::Stale(_) => format!("{e}; looking for the new one"),
             OracleRefused::NotServing => e.to_string(),
         })?;
+        self.identity.registered()?;
         if seen != durable {
             // Kept before anything of this epoch is handed out.
             super::member_oracle::write(seen)?;

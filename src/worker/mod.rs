@@ -12,7 +12,8 @@
 //! `fence`, `requests` (the group commit), `checks` (who may do what), `sequences` and
 //! `leases` (their parts of a group commit), `resolved` (publishing `R`); on a member of a
 //! fleet, `member` (the proxy to the oracle) and `member_calls` (what each call becomes
-//! there) instead of the fence and the window.
+//! there), `member_identity` (the identity it registers under) and its other `member_*` parts
+//! instead of the fence and the window.
 //!
 //! May use: `shmem` and `pg`. Never the caller's side or the SQL surface: it serves them
 //! through shared memory only.
@@ -27,6 +28,7 @@ mod main;
 mod member;
 mod member_calls;
 mod member_grants;
+mod member_identity;
 mod member_oracle;
 mod member_past;
 mod requests;

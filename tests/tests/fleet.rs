@@ -17,6 +17,7 @@
 //! - a deposed primary that still answers is refused (its epoch is older), also after the
 //!   member restarts (`tsoracle.member_oracle` keeps the epoch); another cluster than the
 //!   oracle that served the member is refused until a superuser deletes that memory;
+//! - an oracle that handed over (epoch 0) is not serving, not a deposed primary;
 //! - TLS with `sslmode=verify-full`: served when the member trusts the oracle's certificate,
 //!   refused with libpq's reason when it does not, or when it does not use TLS.
 //!
@@ -601,4 +602,47 @@ fn a_member_reaches_its_oracle_with_tls_verify_full() {
         .unwrap()
         .get(0);
     assert_eq!(encrypted, Some(true), "the member's connection to the oracle is TLS");
+}
+
+/// An oracle that is not serving (after `tso_handover()` its epoch is 0) is told apart from a
+/// deposed primary: the member says the oracle is not serving, keeps the epoch it saw, and
+/// fails a block `57P03` (never sent), not `40003`.
+#[test]
+fn an_oracle_that_handed_over_is_not_serving_rather_than_deposed() {
+    let oracle = serving_node("fleet-h-oracle", NodeOpts::new());
+    admit_members(&oracle);
+    let m = member("fleet-h-m", &oracle_conninfo(&[oracle.port()], MEMBER_ROLE));
+    let mut c = m.connect();
+    let _: i64 = c.query_one("SELECT tso_seq('k', 10)", &[]).unwrap().get(0);
+    let epoch: i64 = c.query_one("SELECT epoch FROM tsoracle.member_oracle", &[]).unwrap().get(0);
+    assert!(epoch > 0);
+    let mut o = oracle.connect();
+    o.batch_execute("SELECT tso_handover()").expect("hand the oracle over");
+    // The member's connection made again: its hello is answered at epoch 0.
+    let _: i64 = o
+        .query_one(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE usename = $1",
+            &[&MEMBER_ROLE],
+        )
+        .unwrap()
+        .get(0);
+    let refused =
+        poll_until("the member says its oracle is not serving", Duration::from_secs(30), || {
+            let e = expect_sqlstate(
+                c.query_one("SELECT tso_next()", &[]),
+                &SqlState::CANNOT_CONNECT_NOW,
+                "tso_next() through an oracle that handed over",
+            );
+            let text = pg_error_string(&e);
+            text.contains("not serving (epoch 0)").then_some(text)
+        });
+    assert!(!refused.contains("deposed"), "{refused}");
+    let e = expect_sqlstate(
+        c.query_one("SELECT tso_seq('k', 10)", &[]),
+        &SqlState::CANNOT_CONNECT_NOW,
+        "a block through an oracle that handed over",
+    );
+    assert!(pg_error_string(&e).contains("not serving"), "{}", pg_error_string(&e));
+    let kept: i64 = c.query_one("SELECT epoch FROM tsoracle.member_oracle", &[]).unwrap().get(0);
+    assert_eq!(kept, epoch, "the member keeps the epoch it saw");
 }

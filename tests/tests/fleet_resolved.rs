@@ -12,6 +12,8 @@
 //! - a member that stops reporting holds `R_f`, `tso_fleet_status()` names it, and once a
 //!   superuser removes it `R_f` goes on; a removed member stays out until a superuser
 //!   re-admits it (`tso_fleet_admit()`);
+//! - a clone of a member promoted beside its live original gets an entry of its own, and
+//!   `R_f` waits for both; a member's promoted standby keeps the member's entry;
 //! - who may do what: a role speaking for another role's member, a report without a hello,
 //!   a removal by a non-superuser or of a connected member, a write to the tables.
 //!
@@ -798,45 +800,105 @@ fn the_relay_never_passes_a_row_a_standby_has_not_replayed() {
 }
 
 /// A clone of a member (`pg_basebackup`, promoted) beside its live original, which holds a
-/// timestamp in an open transaction: the clone has the original's system identifier, and is
-/// refused while the original's session reports, so it never takes the original's entry, and
-/// the fleet's `R_f` stays below the value the original holds.
+/// timestamp in an open transaction: the clone shares the original's identity, so the oracle
+/// refuses it while the original's session reports; then the clone takes an identity of its
+/// own (`tsoracle.member_identity`) and is served under an entry of its own. The original keeps
+/// its entry, and the fleet's `R_f` stays below the value the original holds.
 #[test]
-fn a_clone_beside_its_live_original_is_refused_and_r_f_waits_for_the_original() {
+fn a_clone_beside_its_live_original_gets_an_entry_of_its_own_and_r_f_waits_for_both() {
     let oracle = serving_node("fr-c-oracle", NodeOpts::new());
     admit_members(&oracle);
     let m = member("fr-c-m", &oracle_conninfo(&[oracle.port()], MEMBER_ROLE));
+    let original = system_id(&m);
     let mut holder = m.connect();
     holder.batch_execute("BEGIN").unwrap();
     let held: i64 = holder.query_one("SELECT tso_next()", &[]).unwrap().get(0);
     let mut clone = Node::base_backup_from(&m, "fr-c-clone").expect("pg_basebackup of the member");
     clone.start().expect("start the clone");
+    assert_eq!(system_id(&clone), original, "a clone has its original's system identifier");
     promote(&clone).expect("promote the clone");
-    let refused = poll_until("the clone is refused", Duration::from_secs(30), || {
-        match clone.connect().query_one("SELECT tso_next()", &[]) {
-            Ok(r) => panic!("the clone was served {} beside its live original", r.get::<_, i64>(0)),
-            Err(e) => {
-                let text = pg_error_string(&e);
-                text.contains("connected already").then_some(text)
-            }
-        }
-    });
-    assert!(refused.contains("57P03"), "{refused}");
     let mut o = oracle.connect();
+    let served: i64 = poll_until("the clone is served", Duration::from_secs(60), || {
+        clone.connect().query_one("SELECT tso_next()", &[]).ok().map(|r| r.get(0))
+    });
+    assert!(served > held);
+    let log = clone.log_contents();
+    assert!(
+        log.contains("connected already") && log.contains("55006"),
+        "the oracle refused the clone's first hello as in use: {}",
+        clone.log_tail(30)
+    );
+    let own: i64 = clone
+        .connect()
+        .query_one("SELECT member_id FROM tsoracle.member_identity", &[])
+        .unwrap()
+        .get(0);
+    assert_ne!(own, original, "the clone took an identity of its own");
+    let kept: i64 = m
+        .connect()
+        .query_one("SELECT member_id FROM tsoracle.member_identity", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(kept, original, "the original keeps its identity");
+    let ids: Vec<i64> = o
+        .query("SELECT system_id FROM tso_fleet_status() ORDER BY system_id", &[])
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let mut want = vec![original, own];
+    want.sort();
+    assert_eq!(ids, want, "two entries: the original's and the clone's");
     for _ in 0..15 {
+        let _: i64 = clone.connect().query_one("SELECT tso_next()", &[]).unwrap().get(0);
         let rf: i64 = o.query_one("SELECT tso_fleet_resolved()", &[]).unwrap().get(0);
         assert!(rf < held, "R_f {rf} passed {held}, which the original still holds");
-        let members: i64 =
-            o.query_one("SELECT count(*) FROM tso_fleet_status()", &[]).unwrap().get(0);
-        assert_eq!(members, 1, "one entry: the original's");
         thread::sleep(Duration::from_millis(200));
     }
     holder.batch_execute("COMMIT").unwrap();
     poll_until("R_f passes the value once it is committed", Duration::from_secs(20), || {
         let _: i64 = m.connect().query_one("SELECT tso_next()", &[]).unwrap().get(0);
+        let _: i64 = clone.connect().query_one("SELECT tso_next()", &[]).unwrap().get(0);
         let rf: i64 = o.query_one("SELECT tso_fleet_resolved()", &[]).unwrap().get(0);
         (rf >= held).then_some(())
     });
+}
+
+/// A member's failover: its standby, promoted once the old primary is gone, keeps the member's
+/// identity and so its entry on the oracle (one entry), registered on the new timeline.
+#[test]
+fn a_members_promoted_standby_keeps_its_entry() {
+    let oracle = serving_node("fr-f-oracle", NodeOpts::new());
+    admit_members(&oracle);
+    let mut m = member("fr-f-m", &oracle_conninfo(&[oracle.port()], MEMBER_ROLE));
+    let id = system_id(&m);
+    let before: i64 = m.connect().query_one("SELECT tso_next()", &[]).unwrap().get(0);
+    let identity = |n: &Node| -> (i64, i64) {
+        let r = n
+            .connect()
+            .query_one("SELECT member_id, timeline FROM tsoracle.member_identity", &[])
+            .unwrap();
+        (r.get(0), r.get(1))
+    };
+    assert_eq!(identity(&m), (id, 1), "registered under its system identifier");
+    let mut standby = Node::base_backup_from(&m, "fr-f-standby").expect("pg_basebackup");
+    standby.start().expect("start the standby");
+    tsoracle_tests::cluster::wait_replayed(&m, &standby).expect("replayed");
+    m.stop(StopMode::Immediate).expect("the member's primary is gone");
+    promote(&standby).expect("promote the member's standby");
+    let after: i64 = poll_until("the promoted standby is served", Duration::from_secs(60), || {
+        standby.connect().query_one("SELECT tso_next()", &[]).ok().map(|r| r.get(0))
+    });
+    assert!(after > before);
+    let ids: Vec<i64> = oracle
+        .connect()
+        .query("SELECT system_id FROM tso_fleet_status()", &[])
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(ids, vec![id], "one entry, the member's");
+    assert_eq!(identity(&standby), (id, 2), "the same identity, on the new timeline");
 }
 
 /// A lease taken through a member holds the member's `R` below its lowest stamp until it is

@@ -1,0 +1,146 @@
+//! A member's identity in its fleet (`tsoracle.member_identity`, docs/fleet.md, "One entry per
+//! cluster"): the number it registers under on the oracle — its system identifier until a copy
+//! of it, promoted beside its live original, takes one of its own — and the timeline it was
+//! last registered on. The oracle lets one live session speak for an identity; the arithmetic
+//! of when a refused cluster takes its own is `tsoracle_core::member::MemberIdentity`.
+
+use crate::pg::guc;
+use crate::pg::libpq::RemoteError;
+use crate::pg::xact::sql_transaction;
+use pgrx::bgworkers::BackgroundWorker;
+use pgrx::prelude::*;
+use std::time::{Duration, Instant};
+use tsoracle_core::member::MemberIdentity;
+
+/// The oracle's SQLSTATE for a hello whose identity another live session speaks for.
+const IN_USE: &str = "55006";
+
+pub(super) struct Identity {
+    kept: MemberIdentity,
+    /// Since when the oracle has refused it as in use, without a hello answered between.
+    refused_since: Option<Instant>,
+}
+
+/// This cluster's timeline now.
+fn timeline() -> u32 {
+    // SAFETY: the worker starts only once recovery has ended (BgWorkerStart_RecoveryFinished)
+    // and never starts again while the server runs, so the insertion timeline is set and no
+    // longer changes.
+    unsafe { pg_sys::GetWALInsertionTimeLine() }
+}
+
+impl Identity {
+    /// What the member's table holds (`None`: shutting down). A read that fails is tried
+    /// again a second later.
+    pub(super) fn load() -> Option<Identity> {
+        loop {
+            match Self::read() {
+                Ok(identity) => return Some(identity),
+                Err(why) => pgrx::warning!("{why}"),
+            }
+            if !BackgroundWorker::wait_latch(Some(Duration::from_secs(1))) {
+                return None;
+            }
+            pg_sys::check_for_interrupts!();
+        }
+    }
+
+    /// What the member's table holds (no row: the system identifier, on no known timeline).
+    fn read() -> Result<Identity, String> {
+        let kept = sql_transaction("cannot read tsoracle.member_identity", || {
+            Spi::connect(|client| {
+                let mut kept =
+                    MemberIdentity { id: crate::pg::system_identifier(), timeline: None };
+                for row in client.select(
+                    "SELECT member_id, timeline FROM tsoracle.member_identity",
+                    None,
+                    &[],
+                )? {
+                    if let (Some(id), Some(tl)) = (row.get::<i64>(1)?, row.get::<i64>(2)?) {
+                        kept = MemberIdentity { id: id as u64, timeline: u32::try_from(tl).ok() };
+                    }
+                }
+                Ok(kept)
+            })
+        })?;
+        Ok(Identity { kept, refused_since: None })
+    }
+
+    /// The identity the hello names.
+    pub(super) fn id(&self) -> i64 {
+        self.kept.id as i64
+    }
+
+    fn write(&mut self, kept: MemberIdentity) -> Result<(), String> {
+        sql_transaction("cannot keep this member's identity in tsoracle.member_identity", || {
+            Spi::run_with_args(
+                "INSERT INTO tsoracle.member_identity AS m (id, member_id, timeline) \
+                 VALUES (true, $1, $2) ON CONFLICT (id) DO UPDATE SET member_id = \
+                 EXCLUDED.member_id, timeline = EXCLUDED.timeline, updated_at = pg_catalog.now()",
+                &[(kept.id as i64).into(), i64::from(kept.timeline.unwrap_or(1)).into()],
+            )
+        })?;
+        self.kept = kept;
+        Ok(())
+    }
+
+    /// The oracle answered the hello: the identity is this cluster's on this timeline (a
+    /// promoted standby whose old primary is gone keeps the entry), kept before it is served.
+    pub(super) fn registered(&mut self) -> Result<(), String> {
+        self.refused_since = None;
+        let now = timeline();
+        if self.kept.timeline == Some(now) {
+            return Ok(());
+        }
+        self.write(MemberIdentity { id: self.kept.id, timeline: Some(now) })
+    }
+
+    /// The oracle refused the hello: why, as the member reports it. When it refused the identity as in use, for long enough,
+    /// on a cluster promoted since it was registered: take an identity of its own, durably,
+    /// before the next hello names it. What the member reports either way.
+    pub(super) fn refused(&mut self, e: &RemoteError) -> String {
+        let why = match e.sqlstate.as_str() {
+            "42883" | "3F000" => format!(
+                "the oracle has no tsoracle {} (tsoracle.member_hello is missing): install it there, in its tsoracle.database",
+                crate::pg::EXTENSION_VERSION
+            ),
+            "42501" => format!(
+                "the oracle refuses this member's role: grant it tsoracle_member there ({})",
+                e.message
+            ),
+            _ => format!("the oracle refused this member: {} ({})", e.message, e.sqlstate),
+        };
+        if e.sqlstate != IN_USE {
+            self.refused_since = None;
+            return why;
+        }
+        let since = *self.refused_since.get_or_insert_with(Instant::now);
+        // Twice the oracle's silence window (the same setting on both, by default): a
+        // standby promoted after its primary died waits for the oracle to see that session go.
+        let wait_ms = guc::extension_timeout_ms().max(0) as u64 * 2;
+        let now = timeline();
+        if !self.kept.takes_its_own(now, since.elapsed().as_millis() as u64, wait_ms) {
+            return why;
+        }
+        let mut random = [0u8; 8];
+        // SAFETY: the buffer is 8 writable bytes, the length passed.
+        if !unsafe { pg_sys::pg_strong_random(random.as_mut_ptr().cast(), random.len()) } {
+            return format!("{why}; cannot take an identity of its own: no random bytes");
+        }
+        let old = self.kept.id;
+        let id = self.kept.fresh(crate::pg::system_identifier(), u64::from_ne_bytes(random));
+        if let Err(e) = self.write(MemberIdentity { id, timeline: Some(now) }) {
+            return format!("{why}; cannot take an identity of its own: {e}");
+        }
+        self.refused_since = None;
+        pgrx::log!(
+            "tsoracle member: identity {} is in use on the oracle by another live cluster, and this one was promoted since it registered (timeline {now}): it is a copy, and registers as member {} from now on",
+            old as i64,
+            id as i64
+        );
+        format!(
+            "{why}; this cluster, a copy promoted beside it, takes identity {} of its own",
+            id as i64
+        )
+    }
+}
