@@ -616,8 +616,37 @@ fn an_oracle_that_handed_over_is_not_serving_rather_than_deposed() {
     let _: i64 = c.query_one("SELECT tso_seq('k', 10)", &[]).unwrap().get(0);
     let epoch: i64 = c.query_one("SELECT epoch FROM tsoracle.member_oracle", &[]).unwrap().get(0);
     assert!(epoch > 0);
+    // Blocks through the member while the oracle hands over: each is granted, or refused
+    // before it was; none is reported lost (`40003`) for an answer at epoch 0.
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let callers: Vec<_> = (0..4)
+        .map(|_| {
+            let (stop, mut c) = (stop.clone(), m.connect());
+            thread::spawn(move || {
+                let (mut granted, mut codes) = (0, Vec::new());
+                while !stop.load(Ordering::Relaxed) {
+                    match c.query_one("SELECT tso_seq('k', 10)", &[]) {
+                        Ok(_) => granted += 1,
+                        Err(e) => codes.push(e.code().map(|c| c.code().to_string())),
+                    }
+                }
+                (granted, codes)
+            })
+        })
+        .collect();
+    thread::sleep(Duration::from_millis(500));
     let mut o = oracle.connect();
     o.batch_execute("SELECT tso_handover()").expect("hand the oracle over");
+    thread::sleep(Duration::from_millis(1500));
+    stop.store(true, Ordering::Relaxed);
+    for h in callers {
+        let (granted, codes) = h.join().expect("a caller");
+        assert!(granted > 0, "blocks were granted before the handover");
+        assert!(
+            codes.iter().all(|c| c.as_deref() == Some("57P03")),
+            "only 57P03 (not serving), never 40003: {codes:?}"
+        );
+    }
     // The member's connection made again: its hello is answered at epoch 0.
     let _: i64 = o
         .query_one(

@@ -23,6 +23,8 @@
 //!
 //! The worker waits on its latch and on the connection's socket together, in its one thread.
 
+mod hello;
+
 use super::member_calls::{
     answer_call, answer_next, call_statement, lost, remote, rereadable, RETRYABLE,
 };
@@ -42,9 +44,7 @@ use std::ffi::CStr;
 use std::time::{Duration, Instant};
 use tsoracle_core::allocator::MAX_BATCH;
 use tsoracle_core::lease::LeaseTable;
-use tsoracle_core::member::{
-    floor_after, parse_next_answer, EpochGate, OracleRefused, OracleSeen, OwnPast,
-};
+use tsoracle_core::member::{floor_after, parse_next_answer, OwnPast};
 use tsoracle_core::queue::{EntryState, Ticket};
 
 /// What the oracle answers when this connection's prepared `tsoracle.member_next` is gone
@@ -83,10 +83,11 @@ pub(super) enum Flight {
         calls: Vec<(Ticket, u32)>,
         total: u32,
     },
-    /// One call of another kind.
+    /// One call of another kind, taken from the queue at `since` (kept across retries).
     Call {
         ticket: Ticket,
         requests: Vec<Request>,
+        since: Instant,
     },
 }
 
@@ -482,7 +483,11 @@ impl Proxy {
                             self.grants.sent(self.signals);
                         }
                         self.sent.push_back(Sent {
-                            flight: Flight::Call { ticket: w.ticket, requests: w.requests },
+                            flight: Flight::Call {
+                                ticket: w.ticket,
+                                requests: w.requests,
+                                since: w.since,
+                            },
                             at: Instant::now(),
                             result: None,
                         });
@@ -661,9 +666,9 @@ impl Proxy {
                     Ok(())
                 }
             },
-            Flight::Call { ticket, requests } => {
+            Flight::Call { ticket, requests, since } => {
                 let granted = grants_lease(&requests);
-                let outcome = self.complete_call(ticket, requests, rows, took, done.at);
+                let outcome = self.complete_call(ticket, requests, rows, took, since);
                 if granted {
                     self.grants.landed();
                 }
@@ -678,7 +683,7 @@ impl Proxy {
         requests: Vec<Request>,
         rows: Result<Vec<Vec<Option<String>>>, crate::pg::libpq::RemoteError>,
         took: Duration,
-        sent_at: Instant,
+        since: Instant,
     ) -> Result<(), String> {
         match rows {
             Ok(rows) => {
@@ -709,7 +714,7 @@ impl Proxy {
             }
             Err(e) if RETRYABLE.contains(&e.sqlstate.as_str()) => {
                 self.pause_until = Some(Instant::now() + RETRY_PAUSE);
-                self.waiting.push(Waiting { ticket, requests, since: sent_at });
+                self.waiting.push(Waiting { ticket, requests, since });
                 if e.sqlstate == "25006" {
                     return Err(format!("the oracle is a standby: {}", e.message));
                 }
@@ -748,10 +753,10 @@ impl Proxy {
                 Flight::Next { calls, .. } => {
                     replies.extend(calls.iter().map(|(t, _)| refused(*t, 1)))
                 }
-                Flight::Call { ticket, requests } if rereadable(&requests) => {
+                Flight::Call { ticket, requests, .. } if rereadable(&requests) => {
                     replies.push(refused(ticket, requests.len()))
                 }
-                Flight::Call { ticket, requests } => replies.push(lost(ticket, &requests)),
+                Flight::Call { ticket, requests, .. } => replies.push(lost(ticket, &requests)),
                 Flight::Hello | Flight::Prepare | Flight::Heartbeat | Flight::Report => {}
             }
         }
@@ -770,85 +775,6 @@ impl Proxy {
             self.signals.member_floor.get()
         );
         refuse(self.signals, crate::shmem::oracle::HANDED_OVER);
-    }
-
-    fn hello(
-        &mut self,
-        rows: Result<Vec<Vec<Option<String>>>, crate::pg::libpq::RemoteError>,
-    ) -> Result<(), String> {
-        let rows = rows.map_err(|e| self.identity.refused(&e))?;
-        let row = rows.first().ok_or("the oracle's hello returned no row")?;
-        let field = |i: usize| row.get(i).cloned().flatten().unwrap_or_default();
-        let version = field(1);
-        if !crate::pg::compatible_versions(&version, crate::pg::EXTENSION_VERSION) {
-            return Err(format!(
-                "the oracle runs tsoracle {version}, this member {}: install the same minor version on both",
-                crate::pg::EXTENSION_VERSION
-            ));
-        }
-        let epoch = field(2).parse::<u64>().map_err(|_| "the oracle's hello has no epoch")?;
-        let system_id =
-            field(0).parse::<i64>().map_err(|_| "the oracle's hello has no system identifier")?
-                as u64;
-        // What this member was served by, in memory and durably (after a restart, or on its
-        // promoted standby, the table alone): another cluster, or an older epoch, is refused.
-        let memory = {
-            let st = MEMBER.share();
-            OracleSeen { system_id: st.oracle_system_id, epoch: st.oracle_epoch }
-        };
-        let durable = super::member_oracle::read()?;
-        let seen = memory.merge(durable).admit(system_id, epoch).map_err(|e| match e {
-            OracleRefused::Other { .. } => format!(
-                "{e}; if it replaced the old oracle on purpose, DELETE FROM tsoracle.member_oracle here and restart"
-            ),
-            OracleRefused::Stale(_) => format!("{e}; looking for the new one"),
-            OracleRefused::NotServing => e.to_string(),
-        })?;
-        self.identity.registered()?;
-        if seen != durable {
-            // Kept before anything of this epoch is handed out.
-            super::member_oracle::write(seen)?;
-        }
-        self.durable_epoch = seen.epoch;
-        {
-            let mut st = MEMBER.exclusive();
-            st.oracle_system_id = system_id;
-            st.oracle_epoch = seen.epoch;
-            st.connected = true;
-            st.connects += 1;
-            st.last_error = Text::default();
-        }
-        if let Link::Up { ready, .. } = &mut self.link {
-            *ready = true;
-        }
-        self.backoff_ms = 100;
-        set_phase(self.signals, Phase::Serving);
-        pgrx::log!("tsoracle member connected to its oracle (epoch {epoch})");
-        Ok(())
-    }
-
-    /// Refuse an answer from an epoch older than one seen (a deposed primary); raise the one
-    /// seen otherwise, durably before the answer is handed out.
-    fn check_epoch(&mut self, epoch: u64) -> Result<(), String> {
-        if epoch == 0 {
-            // Not serving since it answered (handed over, fencing again): what it granted on
-            // this connection, whose hello it answered at an admitted epoch, came before.
-            return Ok(());
-        }
-        let (seen, system_id) = {
-            let mut st = MEMBER.exclusive();
-            let mut gate = EpochGate::new(st.oracle_epoch);
-            gate.accept(epoch).map_err(|e| format!("{e}; looking for the new one"))?;
-            st.oracle_epoch = gate.seen();
-            (gate.seen(), st.oracle_system_id)
-        };
-        if seen > self.durable_epoch {
-            // The oracle fenced again at a higher epoch (a restore): kept before its answer
-            // is handed out.
-            super::member_oracle::write(OracleSeen { system_id, epoch: seen })?;
-            self.durable_epoch = seen;
-        }
-        Ok(())
     }
 
     fn count(&self, took: Duration, calls: usize, values: u64) {
@@ -870,10 +796,13 @@ impl Proxy {
         }));
     }
 
-    /// Calls that waited here past their callers' deadline: answer them (the callers have
-    /// left with 57P03) so that their queue entries are free again.
+    /// Calls that waited here (unsent, or refused at each try) nearly until their callers'
+    /// deadline: answered 57P03 with the last error, so that their queue entries are free.
     fn expire_waiting(&mut self) {
-        let deadline = Duration::from_millis(guc::extension_timeout_ms() as u64);
+        // Before the caller's own deadline (it began as the call was queued, a little
+        // earlier): a call refused at every try until then was never granted (57P03), which
+        // only this process knows; a caller that gives up first must say 40003.
+        let deadline = Duration::from_millis(guc::extension_timeout_ms() as u64 * 4 / 5);
         let (expired, keep): (Vec<Waiting>, Vec<Waiting>) = std::mem::take(&mut self.waiting)
             .into_iter()
             .partition(|w| w.since.elapsed() > deadline);
@@ -937,12 +866,12 @@ impl Proxy {
         for sent in std::mem::take(&mut self.sent) {
             match sent.flight {
                 Flight::Next { calls, .. } => self.retry_next(calls),
-                Flight::Call { ticket, requests } => {
+                Flight::Call { ticket, requests, since } => {
                     if grants_lease(&requests) {
                         self.grants.landed();
                     }
                     if rereadable(&requests) {
-                        self.waiting.push(Waiting { ticket, requests, since: sent.at });
+                        self.waiting.push(Waiting { ticket, requests, since });
                     } else {
                         unknown.push(lost(ticket, &requests));
                     }
