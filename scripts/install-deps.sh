@@ -4,7 +4,8 @@
 #
 #   scripts/install-deps.sh [MAJOR]     build and install for one PostgreSQL major (default 15):
 #                                       clang/libclang for bindgen, pkg-config, make, libpq
-#                                       (a member connects to its oracle with it), that
+#                                       (a member connects to its oracle with it, and
+#                                       tsoracle-relay to every cluster), that
 #                                       major (Debian's packages for 15, with its server
 #                                       headers; the pinned build of scripts/pg-install.sh for
 #                                       16-18, which needs patchelf), cargo-pgrx 0.18.0

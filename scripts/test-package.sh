@@ -4,6 +4,11 @@
 #     postgresql-<major>, holds the library, control file and every install and upgrade
 #     script under Debian's PostgreSQL paths, the operations examples of contrib/ (the same
 #     bytes) in its doc directory, and nothing else;
+#   - the relay's package, tsoracle-relay: its metadata (depends on libpq5), its file list (the
+#     binary, the systemd unit and the example configuration of contrib/systemd/, the same
+#     bytes, and its docs), the binary runs (--version), and where systemd-analyze exists,
+#     `systemd-analyze verify` accepts an instance of the unit with nothing to say (in a copy
+#     of the system's units with the package unpacked over it: nothing is installed);
 #   - the package for the system's PostgreSQL 15 is installed with `dpkg -i`, a fresh cluster
 #     (on a free loopback port, from /usr/lib/postgresql/15/bin) preloads it, CREATE EXTENSION
 #     works and tso_next() serves increasing timestamps; then `dpkg -r` removes every file.
@@ -60,6 +65,49 @@ for major in "$@"; do
     done
     rm -rf "$tmp"
 done
+
+# ---- the relay's package
+relay=tsoracle-relay
+rdeb=$DIR/${relay}_${VERSION}-1_${ARCH}.deb
+UNIT="contrib/systemd/tsoracle-relay@.service"
+if [ ! -f "$rdeb" ]; then fail "$rdeb missing"; else
+    [ "$(dpkg-deb -f "$rdeb" Package)" = "$relay" ] && ok "$relay: Package" || fail "$relay: Package"
+    [ "$(dpkg-deb -f "$rdeb" Version)" = "$VERSION-1" ] && ok "$relay: Version" || fail "$relay: Version"
+    dpkg-deb -f "$rdeb" Depends | grep -qE "(^|, )libpq5(,|$)" && ok "$relay: depends on libpq5" ||
+        fail "$relay: Depends is '$(dpkg-deb -f "$rdeb" Depends)'"
+    files=$(dpkg-deb -c "$rdeb" | awk '$1 !~ /^d/ {print $6}' | sed 's|^\./|/|' | sort)
+    want=$(printf '%s\n' /usr/bin/tsoracle-relay "/lib/systemd/system/$(basename "$UNIT")" \
+        /usr/share/doc/$relay/copyright /usr/share/doc/$relay/changelog.gz \
+        /usr/share/doc/$relay/relay.md /usr/share/doc/$relay/examples/relay.conf | sort)
+    if [ "$files" = "$want" ]; then ok "$relay: file list"; else
+        fail "$relay: file list differs:"; diff <(echo "$want") <(echo "$files") >&2 || true
+    fi
+    tmp=$(mktemp -d); dpkg-deb -x "$rdeb" "$tmp"
+    for pair in "$UNIT:lib/systemd/system/$(basename "$UNIT")" \
+        "contrib/systemd/relay.conf:usr/share/doc/$relay/examples/relay.conf" \
+        "docs/operations/relay.md:usr/share/doc/$relay/relay.md"; do
+        if cmp -s "${pair%%:*}" "$tmp/${pair#*:}"; then ok "$relay: /${pair#*:} is ${pair%%:*}"; else fail "$relay: /${pair#*:} differs from ${pair%%:*}"; fi
+    done
+    v=$("$tmp/usr/bin/tsoracle-relay" --version 2>&1 || true)
+    [ "$v" = "tsoracle-relay $VERSION" ] && ok "$relay: --version says $v" || fail "$relay: --version says '$v'"
+    if command -v systemd-analyze >/dev/null; then
+        # A root of the system's units with the package over it; verify returns 0 even for
+        # unknown keys, so anything it says is a failure.
+        root=$(mktemp -d)
+        mkdir -p "$root/lib/systemd"
+        cp -a /lib/systemd/system "$root/lib/systemd/"
+        cp -a "$tmp/." "$root/"
+        if said=$(systemd-analyze verify --root="$root" tsoracle-relay@example.service 2>&1) && [ -z "$said" ]; then
+            ok "$relay: systemd-analyze verify tsoracle-relay@example.service"
+        else
+            fail "$relay: systemd-analyze verify: $said"
+        fi
+        rm -rf "$root"
+    else
+        echo "skip: $relay: systemd-analyze verify (no systemd-analyze on this machine)"
+    fi
+    rm -rf "$tmp"
+fi
 
 # ---- dpkg -i of the PostgreSQL 15 package, a fresh cluster, dpkg -r
 major=15

@@ -11,10 +11,13 @@
 mod args;
 mod cursor;
 mod merge;
+mod metrics;
+mod pq;
 
+use args::{exit, Config, Refusal};
 use cursor::{open_output, Cursor};
 use merge::{merge, Row};
-use postgres::{Client, NoTls};
+use metrics::Metrics;
 use std::fs::File;
 use std::io::Write;
 use std::process::ExitCode;
@@ -22,23 +25,39 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 #[derive(Debug, thiserror::Error)]
 pub enum RelayError {
-    #[error("{0}\n\n{usage}", usage = args::USAGE)]
-    Args(String),
-    #[error("{}", args::USAGE)]
-    Help,
     #[error("{0}")]
     Io(#[from] std::io::Error),
     #[error("{0}")]
     Cursor(String),
+    #[error("cannot connect to {0}")]
+    Connect(String),
+    #[error("--metrics-addr {0}")]
+    Metrics(String),
     #[error("a row is not JSON: {0}")]
     Json(#[from] serde_json::Error),
+    #[error("{0}")]
+    Data(String),
 }
+
+impl RelayError {
+    fn exit_code(&self) -> u8 {
+        match self {
+            RelayError::Cursor(_) => exit::CURSOR_MISMATCH,
+            RelayError::Connect(_) => exit::CANNOT_CONNECT,
+            RelayError::Metrics(_) => exit::METRICS_UNAVAILABLE,
+            RelayError::Io(_) | RelayError::Json(_) | RelayError::Data(_) => exit::FAILED,
+        }
+    }
+}
+
+/// The name the relay's sessions have on the servers, unless the connection string names one.
+const APPLICATION_NAME: &str = "tsoracle-relay";
 
 /// A connection made again after any error.
 struct Conn {
     name: String,
     conninfo: String,
-    client: Option<Client>,
+    client: Option<pq::Client>,
     /// Read from a primary only: a standby may not have replayed every row at or below `R_f`
     /// yet (its replay lags, or is paused), and the cursor would move past them for good.
     primary_only: bool,
@@ -50,19 +69,16 @@ impl Conn {
     }
 
     /// A new connection, refused if it must reach a primary and reaches a standby.
-    fn connect(&self) -> Result<Client, String> {
-        let mut c = Client::connect(&self.conninfo, NoTls).map_err(|e| {
-            let why = e.as_db_error().map_or_else(|| e.to_string(), |d| d.message().to_string());
-            format!("{}: {why}", self.name)
-        })?;
+    fn connect(&self) -> Result<pq::Client, String> {
+        let mut c = pq::Client::connect(&self.conninfo, APPLICATION_NAME)
+            .map_err(|e| format!("{}: {e}", self.name))?;
         if self.primary_only {
-            let standby = c
-                .query_one("SELECT pg_catalog.pg_is_in_recovery()", &[])
-                .map_err(|e| format!("{}: {e}", self.name))?
-                .get::<_, bool>(0);
-            if standby {
+            let rows = c
+                .query("SELECT pg_catalog.pg_is_in_recovery()", &[])
+                .map_err(|e| format!("{}: {e}", self.name))?;
+            if rows.first().and_then(|r| r.first()).is_some_and(|v| v.as_deref() == Some("t")) {
                 return Err(format!(
-                    "{} is a standby: the relay reads each cluster's primary only, which has every row at or below R_f (add target_session_attrs=read-write to its connection string)",
+                    "{}: it is a standby: the relay reads each cluster's primary only, which has every row at or below R_f (add target_session_attrs=read-write to its connection string)",
                     self.name
                 ));
             }
@@ -70,20 +86,35 @@ impl Conn {
         Ok(c)
     }
 
-    fn query(
-        &mut self,
-        sql: &str,
-        params: &[&(dyn postgres::types::ToSql + Sync)],
-    ) -> Result<Vec<postgres::Row>, String> {
+    /// Connected (a new connection if there is none).
+    fn ensure(&mut self) -> Result<(), String> {
+        if self.client.is_none() {
+            self.client = Some(self.connect()?);
+        }
+        Ok(())
+    }
+
+    fn query(&mut self, sql: &str, params: &[&str]) -> Result<pq::Rows, String> {
+        self.ensure()?;
         let result = match &mut self.client {
             Some(c) => c.query(sql, params),
-            None => self.client.insert(self.connect()?).query(sql, params),
+            None => return Err(format!("{}: not connected", self.name)),
         };
         result.map_err(|e| {
             self.client = None;
-            let why = e.as_db_error().map_or_else(|| e.to_string(), |d| d.message().to_string());
-            format!("{}: {why}", self.name)
+            format!("{}: {e}", self.name)
         })
+    }
+}
+
+/// Column `col` of `row` as a number.
+fn int_at(row: &[Option<String>], col: usize, what: &str) -> Result<Option<i64>, RelayError> {
+    match row.get(col).and_then(|v| v.as_deref()) {
+        None => Ok(None),
+        Some(v) => v
+            .parse()
+            .map(Some)
+            .map_err(|_| RelayError::Data(format!("{what} is not a bigint: {v:?}"))),
     }
 }
 
@@ -115,8 +146,36 @@ fn now_ms() -> i64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
 }
 
-fn run() -> Result<(), RelayError> {
-    let a = args::parse(std::env::args().skip(1))?;
+/// Reach the oracle and every cluster's primary, retrying for up to `wait`: a relay whose
+/// servers cannot be reached (a wrong address, an untrusted certificate, a standby) says so
+/// and exits instead of waiting for ever; once started, it retries every error.
+fn connect_all(
+    oracle: &mut Conn,
+    clusters: &mut [Conn],
+    wait: Duration,
+    pause: Duration,
+    m: &Metrics,
+) -> Result<(), RelayError> {
+    let began = Instant::now();
+    loop {
+        let mut failed = None;
+        for c in std::iter::once(&mut *oracle).chain(clusters.iter_mut()) {
+            if let Err(why) = c.ensure() {
+                failed = Some((c.name.clone(), why));
+                break;
+            }
+        }
+        let Some((source, why)) = failed else { return Ok(()) };
+        m.error(&source, &why);
+        if began.elapsed() >= wait {
+            return Err(RelayError::Connect(why));
+        }
+        eprintln!("tsoracle-relay: cannot connect to {why}; retrying");
+        std::thread::sleep(pause);
+    }
+}
+
+fn run(a: Config) -> Result<(), RelayError> {
     let mut cursor = match &a.cursor {
         Some(p) => Cursor::load(p)?.unwrap_or_default(),
         None => Cursor::default(),
@@ -125,11 +184,20 @@ fn run() -> Result<(), RelayError> {
         Some(p) => Output::File(open_output(p, &cursor)?),
         None => Output::Stdout(std::io::stdout()),
     };
+    let names: Vec<String> = a.clusters.iter().map(|c| c.name.clone()).collect();
+    let m = Metrics::new(&names);
+    m.start_at(cursor.resolved);
+    if let Some(addr) = a.metrics_addr {
+        let bound = m.serve(addr).map_err(|e| RelayError::Metrics(format!("{addr}: {e}")))?;
+        eprintln!("tsoracle-relay: metrics at http://{bound}/metrics");
+    }
     // R_f may come from a standby of the oracle (as far as it has replayed: an older R_f);
     // the rows only from each cluster's primary.
     let mut oracle = Conn::new("oracle", &a.oracle, false);
     let mut clusters: Vec<Conn> =
         a.clusters.iter().map(|c| Conn::new(&c.name, &c.conninfo, true)).collect();
+    let pause = Duration::from_millis(a.interval_ms.clamp(100, 1000));
+    connect_all(&mut oracle, &mut clusters, Duration::from_millis(a.connect_wait_ms), pause, &m)?;
     let (table, column) = (args::quote_ident(&a.table), args::quote_ident(&a.column));
     let select = format!(
         "SELECT {column}, pg_catalog.row_to_json(t)::pg_catalog.text FROM {table} AS t \
@@ -137,9 +205,13 @@ fn run() -> Result<(), RelayError> {
     );
     let started = Instant::now();
     let mut emitted: u64 = 0;
-    let mut last_progress = Instant::now() - Duration::from_secs(60);
+    let mut last_progress: Option<Instant> = None;
     let mut first = true;
     let mut oracle_call: Option<String> = None;
+    let retry = |source: &str, what: &str, why: &str| {
+        eprintln!("tsoracle-relay: {what}: {why}; retrying");
+        m.error(source, why);
+    };
     loop {
         if a.until.is_some_and(|until| cursor.resolved >= until) {
             eprintln!(
@@ -161,57 +233,71 @@ fn run() -> Result<(), RelayError> {
                  WHERE e.extname OPERATOR(pg_catalog.=) 'tsoracle'",
                 &[],
             ) {
-                Ok(rows) => match rows.first() {
-                    Some(r) => {
-                        oracle_call =
-                            Some(format!("SELECT {}.tso_fleet_resolved()", r.get::<_, String>(0)))
+                Ok(rows) => match rows.first().and_then(|r| r.first().cloned().flatten()) {
+                    // R_f, and the oracle's newest value (for the lag metric only).
+                    Some(s) => {
+                        oracle_call = Some(format!(
+                            "SELECT {s}.tso_fleet_resolved(), (SELECT last_issued FROM {s}.tso_status())"
+                        ))
                     }
                     None => {
-                        eprintln!("tsoracle-relay: the oracle has no extension tsoracle in this database; retrying");
+                        let why = "the oracle has no extension tsoracle in this database";
+                        retry("oracle", "cannot read R_f", why);
                         continue;
                     }
                 },
                 Err(why) => {
-                    eprintln!("tsoracle-relay: cannot reach the oracle: {why}; retrying");
+                    retry("oracle", "cannot reach the oracle", &why);
                     continue;
                 }
             }
         }
         let Some(call) = oracle_call.as_deref() else { continue };
         // R_f, in a statement of its own.
-        let resolved = match oracle.query(call, &[]) {
-            Ok(rows) => rows.first().map_or(0, |r| r.get::<_, i64>(0)),
+        let (resolved, newest) = match oracle.query(call, &[]) {
+            Ok(rows) => match rows.first() {
+                Some(r) => (int_at(r, 0, "R_f")?.unwrap_or(0), int_at(r, 1, "last_issued")?),
+                None => (0, None),
+            },
             Err(why) => {
-                eprintln!(
-                    "tsoracle-relay: cannot read the fleet's resolved timestamp: {why}; retrying"
-                );
+                retry("oracle", "cannot read the fleet's resolved timestamp", &why);
                 oracle_call = None;
                 continue;
             }
         };
+        if let Some(newest) = newest {
+            m.lag(metrics::physical_seconds(newest) - metrics::physical_seconds(resolved));
+        }
         if resolved > cursor.resolved {
             // Then every cluster's rows in (cursor, R_f], in later statements.
+            let (from, to) = (cursor.resolved.to_string(), resolved.to_string());
             let mut per_cluster = Vec::with_capacity(clusters.len());
             let mut failed = None;
             for c in &mut clusters {
-                match c.query(&select, &[&cursor.resolved, &resolved]) {
-                    Ok(rows) => per_cluster.push(
-                        rows.iter()
-                            .map(|r| Row { ts: r.get(0), json: r.get(1) })
-                            .collect::<Vec<_>>(),
-                    ),
+                match c.query(&select, &[&from, &to]) {
+                    Ok(rows) => {
+                        let mut out = Vec::with_capacity(rows.len());
+                        for r in &rows {
+                            let what = format!("{} of {}", a.column, c.name);
+                            let ts = int_at(r, 0, &what)?
+                                .ok_or_else(|| RelayError::Data(format!("{what} is NULL")))?;
+                            let json = r.get(1).cloned().flatten().unwrap_or_default();
+                            out.push(Row { ts, json });
+                        }
+                        per_cluster.push(out);
+                    }
                     Err(why) => {
-                        failed = Some(why);
+                        failed = Some((c.name.clone(), why));
                         break;
                     }
                 }
             }
-            if let Some(why) = failed {
-                eprintln!("tsoracle-relay: cannot read the outbox of {why}; retrying the round");
+            if let Some((source, why)) = failed {
+                retry(&source, "cannot read the outbox of a cluster", &why);
                 continue;
             }
             let mut text = Vec::new();
-            let mut rows = 0u64;
+            let mut rows = vec![0u64; clusters.len()];
             for (c, row) in merge(per_cluster) {
                 let line = serde_json::json!({
                     "ts": row.ts,
@@ -220,17 +306,19 @@ fn run() -> Result<(), RelayError> {
                 });
                 serde_json::to_writer(&mut text, &line)?;
                 text.push(b'\n');
-                rows += 1;
+                rows[c] += 1;
             }
             let offset = output.write(&text)?;
             cursor = Cursor { resolved, offset };
             if let Some(p) = &a.cursor {
                 cursor.save(p)?;
             }
-            emitted += rows;
+            emitted += rows.iter().sum::<u64>();
+            m.round(&names, &rows, cursor.resolved);
         }
-        if last_progress.elapsed() >= Duration::from_secs(1) {
-            last_progress = Instant::now();
+        let every = Duration::from_millis(a.progress_ms);
+        if a.progress_ms > 0 && last_progress.is_none_or(|t| t.elapsed() >= every) {
+            last_progress = Some(Instant::now());
             let secs = started.elapsed().as_secs_f64().max(0.001);
             eprintln!(
                 "tsoracle-relay: through {} ({} ms behind the clock): {emitted} rows, {:.0} rows/s",
@@ -243,15 +331,25 @@ fn run() -> Result<(), RelayError> {
 }
 
 fn main() -> ExitCode {
-    match run() {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(RelayError::Help) => {
-            println!("{}", args::USAGE);
-            ExitCode::SUCCESS
+    let config = match args::parse(std::env::args_os()) {
+        Ok(c) => c,
+        Err(Refusal::Show(text)) => {
+            print!("{text}");
+            if !text.ends_with('\n') {
+                println!();
+            }
+            return ExitCode::from(exit::DONE);
         }
+        Err(Refusal::Bad(why)) => {
+            eprintln!("tsoracle-relay: {why}");
+            return ExitCode::from(exit::BAD_ARGUMENTS);
+        }
+    };
+    match run(config) {
+        Ok(()) => ExitCode::from(exit::DONE),
         Err(e) => {
-            eprintln!("tsoracle-relay: {e}");
-            ExitCode::from(2)
+            eprintln!("tsoracle-relay: {}", e.to_string().replace('\n', " "));
+            ExitCode::from(e.exit_code())
         }
     }
 }
