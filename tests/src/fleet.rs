@@ -4,7 +4,7 @@
 
 use crate::node::{run_cmd, scrub_env};
 use crate::{serving_node, Node, NodeOpts};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
@@ -38,6 +38,34 @@ pub fn member_opts(conninfo: &str) -> NodeOpts {
 /// A started member, extension created, serving (connected to its oracle).
 pub fn member(name: &str, conninfo: &str) -> Node {
     serving_node(name, member_opts(conninfo))
+}
+
+/// End every session of the members' role on `oracle` (their workers connect again): how many.
+pub fn end_member_sessions(oracle: &Node) -> i64 {
+    oracle
+        .connect()
+        .query_one(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE usename = $1",
+            &[&MEMBER_ROLE],
+        )
+        .expect("end the members' sessions")
+        .get(0)
+}
+
+/// What a relay wrote to `file` (none yet: nothing): each row's (cluster, id) and timestamp,
+/// in file order, checked against the row's own `column`.
+pub fn relay_output(file: &Path, column: &str) -> Vec<((String, i64), i64)> {
+    let text = std::fs::read_to_string(file).unwrap_or_default();
+    text.lines()
+        .map(|line| {
+            let v: serde_json::Value =
+                serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
+            let ts = v["ts"].as_i64().expect("ts");
+            let cluster = v["cluster"].as_str().expect("cluster").to_string();
+            assert_eq!(v["row"][column].as_i64(), Some(ts), "the row's own {column}: {line}");
+            ((cluster, v["row"]["id"].as_i64().expect("row.id")), ts)
+        })
+        .collect()
 }
 
 /// The relay binary of this workspace, built (debug) if it is not yet.

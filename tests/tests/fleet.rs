@@ -33,7 +33,9 @@ use postgres::error::SqlState;
 use postgres::Client;
 use tsoracle_tests::cluster::{make_sync, promote};
 use tsoracle_tests::exporter::Exporter;
-use tsoracle_tests::fleet::{admit_members, member, member_opts, oracle_conninfo, MEMBER_ROLE};
+use tsoracle_tests::fleet::{
+    admit_members, end_member_sessions, member, member_opts, oracle_conninfo, MEMBER_ROLE,
+};
 use tsoracle_tests::load::{SeqLoad, SeqLoadOptions};
 use tsoracle_tests::seqlease::alter_system;
 use tsoracle_tests::tls::TestCa;
@@ -117,14 +119,7 @@ fn a_fleet_issues_one_order_through_failover_restarts_and_lost_connections() {
     let t = Instant::now();
     history.wait_progress_on(&NODES, t, 100, "the fleet serves after a member's restart");
     // A member's connection to the oracle terminated, under load.
-    let terminated: i64 = standby
-        .connect()
-        .query_one(
-            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE usename = $1",
-            &[&MEMBER_ROLE],
-        )
-        .unwrap()
-        .get(0);
+    let terminated = end_member_sessions(&standby);
     assert!(terminated >= 2, "both members were connected to the new primary ({terminated})");
     let t = Instant::now();
     history.wait_progress_on(
@@ -412,14 +407,7 @@ fn a_member_refuses_a_deposed_primary() {
     // The old primary back, read-write, at its old epoch; the member's connection broken.
     old.start().expect("start the old primary again, as a primary");
     old.wait_serving().expect("the old primary serves its own clients");
-    let _: i64 = new
-        .connect()
-        .query_one(
-            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE usename = $1",
-            &[&MEMBER_ROLE],
-        )
-        .unwrap()
-        .get(0);
+    end_member_sessions(&new);
     let refused =
         poll_until("the member refuses the deposed primary", Duration::from_secs(30), || {
             match c.query_one("SELECT tso_next()", &[]) {
@@ -648,13 +636,7 @@ fn an_oracle_that_handed_over_is_not_serving_rather_than_deposed() {
         );
     }
     // The member's connection made again: its hello is answered at epoch 0.
-    let _: i64 = o
-        .query_one(
-            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE usename = $1",
-            &[&MEMBER_ROLE],
-        )
-        .unwrap()
-        .get(0);
+    end_member_sessions(&oracle);
     let refused =
         poll_until("the member says its oracle is not serving", Duration::from_secs(30), || {
             let e = expect_sqlstate(

@@ -30,7 +30,9 @@ use std::time::{Duration, Instant};
 use postgres::error::SqlState;
 use postgres::{Client, NoTls};
 use tsoracle_tests::cluster::{make_sync, promote};
-use tsoracle_tests::fleet::{admit_members, member, oracle_conninfo, relay_binary, MEMBER_ROLE};
+use tsoracle_tests::fleet::{
+    admit_members, member, oracle_conninfo, relay_binary, relay_output, MEMBER_ROLE,
+};
 use tsoracle_tests::rng::SplitMix64 as Rng;
 use tsoracle_tests::{
     expect_sqlstate, pg_error_string, poll_until, serving_node, Node, NodeOpts, StopMode,
@@ -245,18 +247,7 @@ fn relay_cursor(dir: &std::path::Path) -> i64 {
 
 /// What the relay wrote: (cluster, id) and ts, in file order.
 fn relay_rows(dir: &std::path::Path) -> Vec<(RowId, i64)> {
-    let text = std::fs::read_to_string(dir.join("out.jsonl")).expect("the relay's output");
-    text.lines()
-        .map(|line| {
-            let v: serde_json::Value =
-                serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
-            let ts = v["ts"].as_i64().expect("ts");
-            let cluster = v["cluster"].as_str().expect("cluster").to_string();
-            let id = v["row"]["id"].as_i64().expect("row.id");
-            assert_eq!(v["row"]["ts"].as_i64(), Some(ts), "the row's own ts: {line}");
-            ((cluster, id), ts)
-        })
-        .collect()
+    relay_output(&dir.join("out.jsonl"), "ts")
 }
 
 /// `emitted` holds every row of `truth` exactly once, nothing else, in timestamp order.

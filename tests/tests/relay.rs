@@ -32,7 +32,9 @@ use std::time::Duration;
 
 use postgres::Client;
 use tsoracle_tests::exporter::Metrics;
-use tsoracle_tests::fleet::{admit_members, member, oracle_conninfo, relay_binary, MEMBER_ROLE};
+use tsoracle_tests::fleet::{
+    admit_members, member, oracle_conninfo, relay_binary, relay_output, MEMBER_ROLE,
+};
 use tsoracle_tests::patroni::http;
 use tsoracle_tests::tls::TestCa;
 use tsoracle_tests::{poll_until, serving_node, Node, NodeOpts};
@@ -121,21 +123,6 @@ fn labelled(m: &Metrics, name: &str, key: &str, value: &str) -> f64 {
         .find(|s| s.labels.get(key).map(String::as_str) == Some(value))
         .unwrap_or_else(|| panic!("no {name}{{{key}=\"{value}\"}}"))
         .value
-}
-
-/// What the relay wrote: (cluster, id) and the row's timestamp (`column`), in file order.
-fn output_rows(file: &Path, column: &str) -> Vec<(RowId, i64)> {
-    let text = std::fs::read_to_string(file).unwrap_or_default();
-    text.lines()
-        .map(|line| {
-            let v: serde_json::Value =
-                serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
-            let ts = v["ts"].as_i64().expect("ts");
-            let cluster = v["cluster"].as_str().expect("cluster").to_string();
-            assert_eq!(v["row"][column].as_i64(), Some(ts), "the row's own {column}: {line}");
-            ((cluster, v["row"]["id"].as_i64().expect("row.id")), ts)
-        })
-        .collect()
 }
 
 fn cursor_of(file: &Path) -> i64 {
@@ -291,7 +278,7 @@ fn the_relay_through_verify_full_exactly_once_with_metrics() {
             let rows = |c| labelled(&m, "tsoracle_relay_rows_total", "cluster", c);
             (rows("oracle") > 0.0 && rows("m1") > 0.0).then_some(m)
         });
-    let in_file = output_rows(&out, "ts");
+    let in_file = relay_output(&out, "ts");
     for c in ["oracle", "m1"] {
         let file = in_file.iter().filter(|((n, _), _)| n == c).count() as f64;
         let scraped = labelled(&during, "tsoracle_relay_rows_total", "cluster", c);
@@ -350,7 +337,7 @@ fn the_relay_through_verify_full_exactly_once_with_metrics() {
         (cursor_of(&cursor_file) >= newest).then_some(())
     });
     // Idle now: the metrics match the file.
-    let emitted = output_rows(&out, "ts");
+    let emitted = relay_output(&out, "ts");
     let m = scrape(port);
     for c in ["oracle", "m1"] {
         let file = emitted.iter().filter(|((n, _), _)| n == c).count() as f64;
@@ -440,7 +427,7 @@ fn the_relay_configured_only_through_the_environment() {
         .status()
         .expect("run the relay");
     assert_eq!(status.code(), Some(0), "the relay stops at TSORACLE_RELAY_UNTIL");
-    assert_exactly_once_in_order(&output_rows(&out, "stamp"), &truth);
+    assert_exactly_once_in_order(&relay_output(&out, "stamp"), &truth);
     assert!(cursor_of(&cursor) >= newest, "the cursor file of TSORACLE_RELAY_CURSOR");
     assert!(!dir.join("events.jsonl.cursor").exists(), "no cursor at the default path");
 
