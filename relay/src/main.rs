@@ -86,20 +86,17 @@ impl Conn {
         Ok(c)
     }
 
-    /// Connected (a new connection if there is none).
-    fn ensure(&mut self) -> Result<(), String> {
-        if self.client.is_none() {
-            self.client = Some(self.connect()?);
-        }
-        Ok(())
+    /// The connection (a new one if there is none).
+    fn ensure(&mut self) -> Result<&mut pq::Client, String> {
+        let client = match self.client.take() {
+            Some(c) => c,
+            None => self.connect()?,
+        };
+        Ok(self.client.insert(client))
     }
 
     fn query(&mut self, sql: &str, params: &[&str]) -> Result<pq::Rows, String> {
-        self.ensure()?;
-        let result = match &mut self.client {
-            Some(c) => c.query(sql, params),
-            None => return Err(format!("{}: not connected", self.name)),
-        };
+        let result = self.ensure()?.query(sql, params);
         result.map_err(|e| {
             self.client = None;
             format!("{}: {e}", self.name)
@@ -277,8 +274,8 @@ fn run(a: Config) -> Result<(), RelayError> {
                 match c.query(&select, &[&from, &to]) {
                     Ok(rows) => {
                         let mut out = Vec::with_capacity(rows.len());
+                        let what = format!("{} of {}", a.column, c.name);
                         for r in &rows {
-                            let what = format!("{} of {}", a.column, c.name);
                             let ts = int_at(r, 0, &what)?
                                 .ok_or_else(|| RelayError::Data(format!("{what} is NULL")))?;
                             let json = r.get(1).cloned().flatten().unwrap_or_default();
@@ -323,7 +320,7 @@ fn run(a: Config) -> Result<(), RelayError> {
             eprintln!(
                 "tsoracle-relay: through {} ({} ms behind the clock): {emitted} rows, {:.0} rows/s",
                 cursor.resolved,
-                (now_ms() - (cursor.resolved >> 18)).max(0),
+                (now_ms() - metrics::physical_ms(cursor.resolved)).max(0),
                 emitted as f64 / secs
             );
         }

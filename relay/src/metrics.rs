@@ -50,10 +50,14 @@ fn now_seconds() -> f64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64())
 }
 
-/// The physical part of a tsoracle timestamp (milliseconds since the epoch, above 18 bits of
-/// logical counter), in seconds.
+/// The physical part of a tsoracle timestamp, in milliseconds (0 for a negative value: none).
+pub fn physical_ms(ts: i64) -> i64 {
+    tsoracle_core::timestamp::physical_ms(u64::try_from(ts).unwrap_or(0)) as i64
+}
+
+/// The same in seconds.
 pub fn physical_seconds(ts: i64) -> f64 {
-    (ts >> 18) as f64 / 1000.0
+    physical_ms(ts) as f64 / 1000.0
 }
 
 /// A label value as the text format writes it (prometheus-client writes label values as they
@@ -140,11 +144,10 @@ impl Metrics {
         if self.cursor.get() != cursor {
             self.cursor_advanced.set(now_seconds());
         }
-        self.cursor.set(cursor);
-        self.cursor_physical.set(physical_seconds(cursor));
+        self.start_at(cursor);
     }
 
-    /// The cursor the relay starts from.
+    /// The cursor the relay starts from (or has reached).
     pub fn start_at(&self, cursor: i64) {
         self.cursor.set(cursor);
         self.cursor_physical.set(physical_seconds(cursor));

@@ -6,7 +6,6 @@ use super::settings::{
     force_settings, note_database_encoding, unsafe_session, warn_if_window_exceeds_ha_ttl,
 };
 use super::state::{hand_over, refuse, set_phase, Worker};
-use crate::pg::clock;
 use crate::pg::clock::now_ms;
 use crate::pg::guc;
 use crate::shmem::{self, Phase, Reply, ReplyCode, ORACLE, QUEUE};
@@ -15,7 +14,6 @@ use pgrx::bgworkers::{
 };
 use pgrx::prelude::*;
 use std::time::Duration;
-use tsoracle_core::lease::LeaseTable;
 
 pub const WORKER_TYPE: &str = "tsoracle worker";
 
@@ -120,15 +118,7 @@ pub extern "C-unwind" fn tsoracle_worker_main(_arg: pg_sys::Datum) {
         unsafe { pg_sys::proc_exit(1) };
     }
     warn_if_window_exceeds_ha_ttl();
-    let mut worker = Worker {
-        signals,
-        leases: LeaseTable::new(),
-        lease_deadlines: std::collections::HashMap::new(),
-        seq_statements: None,
-        extension_warned_mono_ms: 0,
-        // The first publication an interval after the worker starts.
-        resolved_published_mono_ms: clock::mono_ms(),
-    };
+    let mut worker = Worker::new(signals);
     loop {
         if signals.handover_requested() {
             // A worker restarted after tso_handover(): this server stays handed over.

@@ -7,9 +7,8 @@
 use crate::pg::guc;
 use crate::pg::libpq::RemoteError;
 use crate::pg::xact::sql_transaction;
-use pgrx::bgworkers::BackgroundWorker;
 use pgrx::prelude::*;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 use tsoracle_core::member::MemberIdentity;
 
 /// The oracle's SQLSTATE for a hello whose identity another live session speaks for.
@@ -30,19 +29,9 @@ fn timeline() -> u32 {
 }
 
 impl Identity {
-    /// What the member's table holds (`None`: shutting down). A read that fails is tried
-    /// again a second later.
+    /// What the member's table holds (`None`: shutting down).
     pub(super) fn load() -> Option<Identity> {
-        loop {
-            match Self::read() {
-                Ok(identity) => return Some(identity),
-                Err(why) => pgrx::warning!("{why}"),
-            }
-            if !BackgroundWorker::wait_latch(Some(Duration::from_secs(1))) {
-                return None;
-            }
-            pg_sys::check_for_interrupts!();
-        }
+        super::state::read_at_start(Self::read)
     }
 
     /// What the member's table holds (no row: the system identifier, on no known timeline).
@@ -71,16 +60,17 @@ impl Identity {
         self.kept.id as i64
     }
 
-    fn write(&mut self, kept: MemberIdentity) -> Result<(), String> {
+    /// Keep `id` on `timeline` durably, committed before this returns.
+    fn write(&mut self, id: u64, timeline: u32) -> Result<(), String> {
         sql_transaction("cannot keep this member's identity in tsoracle.member_identity", || {
             Spi::run_with_args(
                 "INSERT INTO tsoracle.member_identity AS m (id, member_id, timeline) \
                  VALUES (true, $1, $2) ON CONFLICT (id) DO UPDATE SET member_id = \
                  EXCLUDED.member_id, timeline = EXCLUDED.timeline, updated_at = pg_catalog.now()",
-                &[(kept.id as i64).into(), i64::from(kept.timeline.unwrap_or(1)).into()],
+                &[(id as i64).into(), i64::from(timeline).into()],
             )
         })?;
-        self.kept = kept;
+        self.kept = MemberIdentity { id, timeline: Some(timeline) };
         Ok(())
     }
 
@@ -92,7 +82,7 @@ impl Identity {
         if self.kept.timeline == Some(now) {
             return Ok(());
         }
-        self.write(MemberIdentity { id: self.kept.id, timeline: Some(now) })
+        self.write(self.kept.id, now)
     }
 
     /// The oracle refused the hello: why, as the member reports it. When it refused the identity as in use, for long enough,
@@ -129,7 +119,7 @@ impl Identity {
         }
         let old = self.kept.id;
         let id = self.kept.fresh(crate::pg::system_identifier(), u64::from_ne_bytes(random));
-        if let Err(e) = self.write(MemberIdentity { id, timeline: Some(now) }) {
+        if let Err(e) = self.write(id, now) {
             return format!("{why}; cannot take an identity of its own: {e}");
         }
         self.refused_since = None;

@@ -7,17 +7,14 @@ use super::member_calls::remote;
 use crate::pg::xact::sql_transaction;
 use crate::shmem::member::MEMBER;
 use crate::shmem::{Reply, ReplyCode, Request, RequestKind};
-use pgrx::bgworkers::BackgroundWorker;
 use pgrx::prelude::*;
-use std::time::Duration;
 use tsoracle_core::member::{BelowOwnPast, OwnPast};
 use tsoracle_core::queue::Ticket;
 
-/// What this cluster issued on its own, from its own tables (`None`: shutting down). A read
-/// that fails is tried again a second later.
+/// What this cluster issued on its own, from its own tables (`None`: shutting down).
 pub(super) fn load() -> Option<OwnPast> {
-    loop {
-        let read = sql_transaction("tsoracle member cannot read its own tables", || {
+    let own = super::state::read_at_start(|| {
+        sql_transaction("tsoracle member cannot read its own tables", || {
             Spi::connect(|client| {
                 let mut high_water = 0;
                 // No row: the cluster never served on its own.
@@ -34,24 +31,15 @@ pub(super) fn load() -> Option<OwnPast> {
                 }
                 Ok(OwnPast::new(u64::try_from(high_water).unwrap_or(0), counters))
             })
-        });
-        match read {
-            Ok(own) => {
-                if own.high_water_ms() > 0 {
-                    pgrx::log!(
-                        "tsoracle member: this cluster issued timestamps on its own up to {} ms; none of the oracle's at or below is handed out",
-                        own.high_water_ms()
-                    );
-                }
-                return Some(own);
-            }
-            Err(why) => pgrx::warning!("{why}"),
-        }
-        if !BackgroundWorker::wait_latch(Some(Duration::from_secs(1))) {
-            return None;
-        }
-        pg_sys::check_for_interrupts!();
+        })
+    })?;
+    if own.high_water_ms() > 0 {
+        pgrx::log!(
+            "tsoracle member: this cluster issued timestamps on its own up to {} ms; none of the oracle's at or below is handed out",
+            own.high_water_ms()
+        );
     }
+    Some(own)
 }
 
 /// Whether the blocks and leases the oracle granted for one call may be handed out here: none

@@ -24,6 +24,36 @@ pub(super) struct Worker {
     pub(super) extension_warned_mono_ms: u64,
 }
 
+impl Worker {
+    /// A worker's memory at its start: no lease read yet, the first publication of the
+    /// resolved timestamp an interval from now.
+    pub(super) fn new(signals: &'static Signals) -> Worker {
+        Worker {
+            signals,
+            leases: LeaseTable::new(),
+            lease_deadlines: std::collections::HashMap::new(),
+            seq_statements: None,
+            extension_warned_mono_ms: 0,
+            resolved_published_mono_ms: crate::pg::clock::mono_ms(),
+        }
+    }
+}
+
+/// Read what the worker needs at its start with `read`, again every second while it fails
+/// (each failure logged as a warning); `None` when the server shuts down meanwhile.
+pub(super) fn read_at_start<T>(mut read: impl FnMut() -> Result<T, String>) -> Option<T> {
+    loop {
+        match read() {
+            Ok(value) => return Some(value),
+            Err(why) => pgrx::warning!("{why}"),
+        }
+        if !BackgroundWorker::wait_latch(Some(Duration::from_secs(1))) {
+            return None;
+        }
+        pg_sys::check_for_interrupts!();
+    }
+}
+
 pub(super) fn set_phase(signals: &Signals, phase: Phase) {
     ORACLE.exclusive().phase = phase;
     signals.broadcast();

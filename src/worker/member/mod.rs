@@ -43,7 +43,6 @@ use std::collections::VecDeque;
 use std::ffi::CStr;
 use std::time::{Duration, Instant};
 use tsoracle_core::allocator::MAX_BATCH;
-use tsoracle_core::lease::LeaseTable;
 use tsoracle_core::member::{floor_after, parse_next_answer, OwnPast};
 use tsoracle_core::queue::{EntryState, Ticket};
 
@@ -182,14 +181,7 @@ pub(super) fn run(signals: &'static Signals, conninfo: String, shown: String) {
         backoff_ms: 100,
         last_next: Instant::now(),
         last_report: Instant::now(),
-        worker: Worker {
-            signals,
-            leases: LeaseTable::new(),
-            lease_deadlines: std::collections::HashMap::new(),
-            seq_statements: None,
-            extension_warned_mono_ms: 0,
-            resolved_published_mono_ms: clock::mono_ms(),
-        },
+        worker: Worker::new(signals),
         warned: None,
         pause_until: None,
         grants,
