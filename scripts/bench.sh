@@ -601,6 +601,47 @@ if [ -n "$MEMBER_CLIENTS" ]; then
             fi
         done
     done
+    # The member's write paths, ts DEFAULT tso_next() against DEFAULT clock_timestamp() on the
+    # member: one-row INSERTs (WRITE_CLIENTS), a COPY and an INSERT ... SELECT of COPY_ROWS rows
+    # (a statement's reservation: docs/fleet.md). TRUNCATE + CHECKPOINT before each run.
+    "${MSQL[@]}" -c "CREATE TABLE t_tso (ts bigint NOT NULL DEFAULT tso_next(), v int NOT NULL) WITH (autovacuum_enabled = off);
+        CREATE TABLE t_clock (ts timestamptz NOT NULL DEFAULT clock_timestamp(), v int NOT NULL) WITH (autovacuum_enabled = off);
+        CREATE INDEX ON t_tso (ts); CREATE INDEX ON t_clock (ts)" || die "the member's write tables"
+    mem_prep() { "${MSQL[@]}" -c "TRUNCATE t_$1" && "${MSQL[@]}" -c "CHECKPOINT"; }
+    echo "==> member INSERT INTO t(v) VALUES (\$1), ts DEFAULT tso_next() vs clock_timestamp() (clients: $WRITE_CLIENTS)" >&2
+    for c in $WRITE_CLIENTS; do
+        for r in $(seq 1 "$REPS"); do
+            for x in $(rotated "$r" tso clock); do
+                mem_prep "$x" || die "preparing the member's t_$x failed"
+                TARGET_PORT=$MPORT run_pgbench "mem_ins_$x" "ins_$x" "$c" "$r"
+            done
+        done
+    done
+    echo "==> member COPY and INSERT ... SELECT of $COPY_ROWS rows, ts DEFAULT tso_next() vs clock_timestamp(), $COPY_REPS repetitions" >&2
+    seq 1 "$COPY_ROWS" >"$WORK/copy.data"
+    for r in $(seq 1 "$COPY_REPS"); do
+        for wx in $(rotated "$r" copy_tso copy_clock insel_tso insel_clock); do
+            x=${wx#*_}
+            mem_prep "$x" || die "preparing the member's t_$x failed"
+            t0=$(date +%s%N)
+            case $wx in
+                copy_*) "${MSQL[@]}" -c "COPY t_$x (v) FROM STDIN" <"$WORK/copy.data" >"$RUNS/mem_$wx.r$r.out" 2>&1 ;;
+                *) "${MSQL[@]}" -c "INSERT INTO t_$x (v) SELECT g FROM generate_series(1, $COPY_ROWS) g" >"$RUNS/mem_$wx.r$r.out" 2>&1 ;;
+            esac
+            rc=$?
+            t1=$(date +%s%N)
+            n=$("${MSQL[@]}" -c "SELECT count(*) FROM t_$x" 2>/dev/null)
+            if [ "$rc" -ne 0 ] || [ "$n" != "$COPY_ROWS" ]; then
+                rec fail "mem_$wx" 1 "$r" "$(head -n 1 "$RUNS/mem_$wx.r$r.out" | tr '\t' ' ') (rows: $n)"
+            else
+                ms=$(( (t1 - t0) / 1000 ))
+                rec copy "mem_$wx" "$COPY_ROWS" "$r" "$(printf '%d.%03d' $(( ms / 1000 )) $(( ms % 1000 )))"
+                printf '    %-16s rep %s: %10s ms\n' "mem_$wx" "$r" "$(( ms / 1000 ))" >&2
+            fi
+            rec busy "mem_$wx" 1 "$r" "$(busy_pct 1)"
+        done
+    done
+    mem_prep "tso, t_clock" || die "clean-up of the member's write tables failed"
 fi
 fi
 

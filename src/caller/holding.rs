@@ -61,6 +61,9 @@ pub fn held_by_me() -> Option<u64> {
 
 fn release() {
     if HELD.swap(false, Ordering::Relaxed) {
+        // A member's reservation is the transaction's only (a procedure's next transaction
+        // fetches afresh).
+        crate::pg::statement::boundary();
         if let Some(slot) = HOLDERS.mine() {
             slot.clear();
         }

@@ -1,16 +1,53 @@
 //! On a member of a fleet (docs/fleet.md): every timestamp comes from the oracle, through
 //! this server's worker, which takes the calls waiting at one moment to the oracle in one
-//! round trip. Nothing is prefetched: a call's value was issued by the oracle after the call
-//! began, so a call that starts after another has returned — on any cluster of the fleet —
-//! gets a greater value.
+//! round trip. Nothing is prefetched across statements: a statement's values were issued by
+//! the oracle after the statement began, so a statement that starts after another has
+//! returned — on any cluster of the fleet — gets greater values.
+//!
+//! Within one statement, `tso_next()` (and `tso_next_uuid()`) take their values from a
+//! reservation (`tsoracle_core::reservation`): a fetch answers 1, then 2, 4, … values up to
+//! `tsoracle.member_reservation_max`, handed out in order to the statement's later calls;
+//! what the statement leaves is a gap. The transaction's hold is taken before the first
+//! fetch, below all of them.
 
 use super::holding;
 use super::requests::{reply_error, submit};
 use crate::pg::error::TsoError;
+use crate::pg::{guc, statement};
 use crate::shmem::{self, Reply, ReplyCode, Request, RequestKind};
+use std::cell::Cell;
+use tsoracle_core::reservation::Reservation;
 
-/// `count` consecutive timestamps from the oracle; the first.
+thread_local! {
+    /// This backend's reservation: the statement that fetched it, and what is left.
+    static RESERVED: Cell<Reservation> = const { Cell::new(Reservation::EMPTY) };
+}
+
+/// `count` consecutive timestamps; the first. One value is taken from the statement's
+/// reservation when it has one left; anything else is fetched from the oracle.
 pub fn next(count: u32) -> Result<u64, TsoError> {
+    let cap = guc::member_reservation_max();
+    if count > 1 || cap <= 1 {
+        // Nothing kept may be handed out after these values: it is below them.
+        RESERVED.set(Reservation::EMPTY);
+        return fetch(count);
+    }
+    let now = statement::current();
+    let mut kept = RESERVED.get();
+    if let Some(v) = kept.take(now) {
+        RESERVED.set(kept);
+        return Ok(v);
+    }
+    let size = kept.next_size(now, cap);
+    // A fetch that fails leaves nothing kept.
+    RESERVED.set(Reservation::EMPTY);
+    let first = fetch(size)?;
+    RESERVED.set(Reservation::fetched(now, first, size));
+    Ok(first)
+}
+
+/// `count` consecutive timestamps fetched from the oracle for this call; the first.
+fn fetch(count: u32) -> Result<u64, TsoError> {
     let signals = shmem::signals()?;
     // The resolved timestamp: held below what the oracle will answer (`member_floor`).
     let fresh = holding::hold(signals)?;

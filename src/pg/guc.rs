@@ -23,6 +23,7 @@ static EXPIRED_LEASE_RETENTION_MS: GucSetting<i32> = GucSetting::<i32>::new(600_
 static ALLOW_DROP: GucSetting<bool> = GucSetting::<bool>::new(false);
 static RESOLVED_INTERVAL_MS: GucSetting<i32> = GucSetting::<i32>::new(100);
 static SEQ_IN_PLACE: GucSetting<bool> = GucSetting::<bool>::new(true);
+static MEMBER_RESERVATION_MAX: GucSetting<i32> = GucSetting::<i32>::new(65_536);
 static IN_PLACE_IGNORE_SLOTS: GucSetting<Option<CString>> =
     GucSetting::<Option<CString>>::new(None);
 #[cfg(feature = "clock-fault")]
@@ -199,6 +200,16 @@ pub fn define() {
         GucContext::Suset,
         GucFlags::default(),
     );
+    GucRegistry::define_int_guc(
+        c"tsoracle.member_reservation_max",
+        c"On a member, the most timestamps one fetch from the oracle reserves for the later calls of the same statement.",
+        c"A statement's fetches reserve 1, 2, 4, ... values up to this; what it leaves unused is a gap. 1 fetches once per call.",
+        &MEMBER_RESERVATION_MAX,
+        1,
+        tsoracle_core::allocator::MAX_BATCH as i32,
+        GucContext::Userset,
+        GucFlags::default(),
+    );
     GucRegistry::define_string_guc(
         c"tsoracle.in_place_ignore_slots",
         c"Logical replication slots, by name (comma-separated), that never decode tsoracle's tables.",
@@ -370,6 +381,10 @@ unsafe extern "C-unwind" fn assign_test_clock_offset(
 
 pub fn resolved_interval_ms() -> u64 {
     RESOLVED_INTERVAL_MS.get().max(1) as u64
+}
+
+pub fn member_reservation_max() -> u32 {
+    MEMBER_RESERVATION_MAX.get().max(1) as u32
 }
 
 pub fn seq_in_place() -> bool {

@@ -21,6 +21,7 @@ pub mod inplace;
 pub mod libpq;
 pub mod locks;
 pub mod replica;
+pub mod statement;
 pub mod wait_set;
 pub mod xact;
 

@@ -47,7 +47,7 @@ pub use history::{
     check_calls, check_dense, Call, DenseCall, DenseHistory, DenseReport, DenseViolation, History,
     HistoryReport, Recorder, Violation,
 };
-pub use load::{ops, Endpoint, Load, LoadOptions, LoadStats, Op, Workers};
+pub use load::{ops, Endpoint, Got, Load, LoadOptions, LoadStats, Op, Workers};
 pub use node::{Node, NodeOpts, StopMode};
 pub use rng::SplitMix64;
 pub use tso::{

@@ -2,10 +2,12 @@
 //! oracle cluster, so that `tso_next()` on any cluster of the fleet is in one order.
 //!
 //! - one order under faults: an oracle with a synchronous standby and two members, 16 clients
-//!   on each of the three clusters taking timestamps (and blocks through the members), while
+//!   on each of the three clusters taking timestamps (and blocks through the members) and 3
+//!   running statements of many rows (multi-row `INSERT`s, `COPY`s), while
 //!   the oracle's primary is killed (`kill -9`) and its standby promoted, a member restarts and
 //!   a member's connection to the oracle is terminated: across every cluster's history no
-//!   value is issued twice, a call that began after another returned got a greater value, and
+//!   value is issued twice, a call or statement that began after another returned got greater
+//!   values, values increase within every statement, and
 //!   no block of a counter is granted twice;
 //! - the resolved timestamp of a member stays below what its open transactions hold;
 //! - what is wrong is refused with a clear error, and the member serves nothing: a bad
@@ -64,6 +66,7 @@ fn member_status(c: &mut Client) -> (bool, i64, i64, Option<String>) {
 fn a_fleet_issues_one_order_through_failover_restarts_and_lost_connections() {
     let mut oracle = serving_node("fleet-oracle", NodeOpts::new());
     admit_members(&oracle);
+    oracle.connect().batch_execute(ops::STAMPED).expect("the stamped table");
     let mut standby = Node::base_backup_from(&oracle, "fleet-standby").expect("pg_basebackup");
     standby.start().expect("start the oracle's standby");
     make_sync(&mut oracle, standby.name()).expect("synchronous standby");
@@ -74,6 +77,7 @@ fn a_fleet_issues_one_order_through_failover_restarts_and_lost_connections() {
         m.connect()
             .batch_execute("CREATE ROLE app LOGIN; GRANT tsoracle_seq_user TO app")
             .expect("app role");
+        m.connect().batch_execute(ops::STAMPED).expect("the stamped table");
     }
 
     // 16 clients on each cluster; the oracle's clients follow its primary.
@@ -87,10 +91,25 @@ fn a_fleet_issues_one_order_through_failover_restarts_and_lost_connections() {
     });
     let history = History::default();
     let run = Duration::from_secs(40);
+    // Beside them, 3 clients on each cluster run statements of many rows (multi-row
+    // INSERTs, COPYs, SELECTs over many rows), recorded with their values in row order.
     let loads: Vec<Load> = [oracle_endpoint, m1.endpoint(), m2.endpoint()]
         .into_iter()
-        .map(|endpoint| {
-            Load::start(vec![endpoint], LoadOptions::new(16, run), ops::mixed(50), history.clone())
+        .flat_map(|endpoint| {
+            [
+                Load::start(
+                    vec![endpoint.clone()],
+                    LoadOptions::new(16, run),
+                    ops::mixed(50),
+                    history.clone(),
+                ),
+                Load::start(
+                    vec![endpoint],
+                    LoadOptions::new(3, run),
+                    ops::statements(100),
+                    history.clone(),
+                ),
+            ]
         })
         .collect();
     // Blocks through both members, of the same keys: one set of counters, the oracle's.
@@ -139,6 +158,16 @@ fn a_fleet_issues_one_order_through_failover_restarts_and_lost_connections() {
     for node in NODES {
         let ok = report.per_node.get(node).map_or(0, |n| n.ok_calls);
         assert!(ok > 100, "{node} served {ok} calls: {report:?}");
+        // Statements of many values were served on each cluster, across the faults.
+        let statements = history.with_calls(|c| {
+            c.iter()
+                .filter(|c| c.node == node && c.is_ok())
+                .filter_map(|c| c.statement)
+                .collect::<std::collections::BTreeSet<u64>>()
+                .len()
+        });
+        assert!(statements >= 5, "{node} served {statements} statements of several values");
+        eprintln!("{node}: {statements} statements of several values");
     }
     // The counters on the oracle: every block granted through a member tiles below them.
     let mut c = standby.connect();

@@ -3,7 +3,8 @@
 //!
 //! - three clusters — an oracle with a synchronous standby, and two members — have an outbox
 //!   each (`ts bigint DEFAULT tso_next()`), written by 4 writers per cluster in transactions
-//!   of random length (10 % roll back, some stay idle for seconds), while the oracle's primary
+//!   of random length, of statements of 1 to 20 rows (10 % roll back, some stay idle for
+//!   seconds), while the oracle's primary
 //!   is killed (`kill -9`) and its standby promoted, a member restarts and the relay is
 //!   killed and started again. The relay (`tsoracle-relay`, to a file) and a consumer that
 //!   follows the documented protocol by hand each emit every committed row exactly once, in
@@ -78,7 +79,7 @@ impl Target {
     }
 }
 
-/// One writer: transactions of 1 to 3 rows, mostly short, some idle for up to 2 s, 10 % rolled
+/// One writer: transactions of 1 to 3 statements of 1 to 20 rows, mostly short, some idle for up to 2 s, 10 % rolled
 /// back; every outcome recorded. Each row's id is the writer's own (its number, then a count):
 /// a sequence would not do, since a promoted standby may hand out again a value that a rolled-
 /// back transaction took on the old primary.
@@ -102,14 +103,17 @@ fn writer(target: Target, writer: i32, stop: Arc<AtomicBool>, out: Arc<Mutex<Out
             if !ok {
                 break;
             }
-            next_id += 1;
-            match c.query_one(
-                "INSERT INTO outbox (id, writer, note) VALUES ($1, $2, 'x') RETURNING id, ts",
-                &[&next_id, &writer],
+            // A third of the statements write 2 to 20 rows (a member's reservation).
+            let k = if rng.chance(0.33) { rng.range_inclusive(2, 20) } else { 1 };
+            match c.query(
+                "INSERT INTO outbox (id, writer, note) \
+                 SELECT $1::bigint + g, $2, 'x' FROM generate_series(1, $3::int) g RETURNING id, ts",
+                &[&next_id, &writer, &(k as i32)],
             ) {
-                Ok(r) => rows.push((r.get(0), r.get(1))),
+                Ok(r) => rows.extend(r.iter().map(|r| (r.get(0), r.get(1)))),
                 Err(_) => ok = false,
             }
+            next_id += k;
         }
         let pause = if rng.chance(0.03) {
             rng.range_inclusive(1000, 2000)

@@ -2,6 +2,7 @@
 //! uniqueness and real-time order (see the [module documentation](super)).
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use super::spans::{find_overlap, find_real_time_violation, rel_ms, Span};
@@ -17,6 +18,9 @@ pub struct Call {
     pub result: Result<i64, String>,
     /// Number of values asked for (the batch covers `[first, first + count)`).
     pub count: i64,
+    /// The statement the value belongs to, when one statement took several (each recorded
+    /// as a call of its own, in the statement's order): they must increase.
+    pub statement: Option<u64>,
 }
 
 impl Call {
@@ -64,6 +68,8 @@ pub enum Violation {
     Overlap { a: String, b: String },
     #[error("real-time order violated: {earlier} ended before {later} began, but the later call's first value is not above the earlier call's last value")]
     RealTime { earlier: String, later: String },
+    #[error("values do not increase within one statement: {earlier} then {later}")]
+    NotIncreasing { earlier: String, later: String },
 }
 
 /// Timestamp calls: checked for uniqueness and real-time order.
@@ -71,7 +77,31 @@ pub type History = Recorder<Call>;
 
 impl History {
     pub fn record_ok(&self, start: Instant, end: Instant, node: &str, first: i64, count: i64) {
-        self.record(Call { start, end, node: node.to_string(), result: Ok(first), count });
+        self.record(Call {
+            start,
+            end,
+            node: node.to_string(),
+            result: Ok(first),
+            count,
+            statement: None,
+        });
+    }
+
+    /// One statement's values, in the order it took them: each a call of its own, tied to
+    /// the statement, so the check also finds values that do not increase within it.
+    pub fn record_statement(&self, start: Instant, end: Instant, node: &str, values: &[i64]) {
+        static STATEMENTS: AtomicU64 = AtomicU64::new(0);
+        let id = STATEMENTS.fetch_add(1, Ordering::Relaxed);
+        for &v in values {
+            self.record(Call {
+                start,
+                end,
+                node: node.to_string(),
+                result: Ok(v),
+                count: 1,
+                statement: Some(id),
+            });
+        }
     }
 
     pub fn record_err(
@@ -82,7 +112,14 @@ impl History {
         error: impl Into<String>,
         count: i64,
     ) {
-        self.record(Call { start, end, node: node.to_string(), result: Err(error.into()), count });
+        self.record(Call {
+            start,
+            end,
+            node: node.to_string(),
+            result: Err(error.into()),
+            count,
+            statement: None,
+        });
     }
 
     /// Successful calls that started at or after `t`.
@@ -206,6 +243,8 @@ fn check_calls_from(calls: &[Call], origin: Option<Instant>) -> Result<HistoryRe
         origin.or_else(|| calls.iter().map(|c| c.start).min()).unwrap_or_else(Instant::now);
     let mut report = HistoryReport { calls: calls.len(), ..Default::default() };
     let mut spans: Vec<Span> = Vec::with_capacity(calls.len());
+    // Each statement's last value so far, and its call.
+    let mut statements: BTreeMap<u64, (i64, usize)> = BTreeMap::new();
     for (i, c) in calls.iter().enumerate() {
         if c.end < c.start {
             return Err(Violation::Malformed {
@@ -237,6 +276,17 @@ fn check_calls_from(calls: &[Call], origin: Option<Instant>) -> Result<HistoryRe
                 per_node.ok_calls += 1;
                 per_node.values += c.count;
                 let last = first + c.count - 1;
+                if let Some(id) = c.statement {
+                    if let Some(&(before, j)) = statements.get(&id) {
+                        if first <= before {
+                            return Err(Violation::NotIncreasing {
+                                earlier: describe(&calls[j], origin),
+                                later: describe(c, origin),
+                            });
+                        }
+                    }
+                    statements.insert(id, (last, i));
+                }
                 report.min_value = Some(report.min_value.map_or(first, |m| m.min(first)));
                 report.max_value = Some(report.max_value.map_or(last, |m| m.max(last)));
                 spans.push(Span { start: c.start, end: c.end, first, last, idx: i });
@@ -265,7 +315,14 @@ mod tests {
     use crate::rng::SplitMix64;
 
     fn ok(base: Instant, s: u64, e: u64, first: i64, count: i64) -> Call {
-        Call { start: at(base, s), end: at(base, e), node: "n".into(), result: Ok(first), count }
+        Call {
+            start: at(base, s),
+            end: at(base, e),
+            node: "n".into(),
+            result: Ok(first),
+            count,
+            statement: None,
+        }
     }
 
     fn err(base: Instant, s: u64, e: u64, count: i64) -> Call {
@@ -275,6 +332,7 @@ mod tests {
             node: "n".into(),
             result: Err("boom".into()),
             count,
+            statement: None,
         }
     }
 
@@ -283,6 +341,27 @@ mod tests {
         let r = check_calls(&[]).unwrap();
         assert_eq!(r.calls, 0);
         assert_eq!(r.max_value, None);
+    }
+
+    #[test]
+    fn a_statements_values_must_increase_and_a_later_statement_be_above() {
+        let b = Instant::now();
+        let h = History::default();
+        h.record_statement(at(b, 0), at(b, 5), "n", &[10, 12, 17]);
+        h.record_statement(at(b, 1), at(b, 4), "m", &[11, 13]);
+        h.record_statement(at(b, 6), at(b, 7), "m", &[18, 19]);
+        assert_eq!(h.check().unwrap().values, 7);
+        let h = History::default();
+        h.record_statement(at(b, 0), at(b, 5), "n", &[10, 17, 12]);
+        assert!(matches!(h.check(), Err(Violation::NotIncreasing { .. })), "{:?}", h.check());
+        let h = History::default();
+        h.record_statement(at(b, 0), at(b, 5), "n", &[10, 12, 17]);
+        h.record_statement(at(b, 6), at(b, 7), "n", &[16, 20]);
+        assert!(matches!(h.check(), Err(Violation::RealTime { .. })), "{:?}", h.check());
+        let h = History::default();
+        h.record_statement(at(b, 0), at(b, 5), "n", &[10, 12]);
+        h.record_statement(at(b, 1), at(b, 7), "m", &[11, 12]);
+        assert!(matches!(h.check(), Err(Violation::Overlap { .. })), "{:?}", h.check());
     }
 
     #[test]

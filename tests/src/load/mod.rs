@@ -35,7 +35,7 @@ use std::time::Duration;
 pub use endpoint::Endpoint;
 pub use mixed::{MixedLoad, MixedLoadOptions, PrimaryPointer};
 pub use seq::{SeqLoad, SeqLoadOptions, SeqLoadStats};
-pub use timestamps::{Load, LoadOptions, Op};
+pub use timestamps::{Got, Load, LoadOptions, Op};
 pub use workers::Workers;
 
 /// No load runs longer than this, whatever it was asked.

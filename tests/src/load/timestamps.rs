@@ -14,9 +14,18 @@ use crate::error::pg_error_string;
 use crate::history::History;
 use crate::rng::SplitMix64;
 
-/// One operation: returns `(first, count)` of the values it obtained.
+/// What one operation obtained.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Got {
+    /// `(first, count)`: the values `[first, first + count)` of one call.
+    Batch(i64, i64),
+    /// One statement's values, in the order the statement took them (its rows' order).
+    Statement(Vec<i64>),
+}
+
+/// One operation: returns what it obtained.
 pub type Op =
-    Arc<dyn Fn(&mut Client, &mut SplitMix64) -> Result<(i64, i64), postgres::Error> + Send + Sync>;
+    Arc<dyn Fn(&mut Client, &mut SplitMix64) -> Result<Got, postgres::Error> + Send + Sync>;
 
 #[derive(Clone, Debug)]
 pub struct LoadOptions {
@@ -131,9 +140,16 @@ fn worker(
         let r = op(c, &mut rng);
         let end = Instant::now();
         match r {
-            Ok((first, count)) => {
+            Ok(got) => {
                 stats.ok_calls += 1;
-                history.record_ok(start, end, &ep.name, first, count);
+                match got {
+                    Got::Batch(first, count) => {
+                        history.record_ok(start, end, &ep.name, first, count)
+                    }
+                    Got::Statement(values) => {
+                        history.record_statement(start, end, &ep.name, &values)
+                    }
+                }
             }
             Err(e) => {
                 stats.err_calls += 1;

@@ -1,0 +1,91 @@
+//! Where one statement ends and the next begins, in this backend: a number that changes at
+//! every boundary. A member's reservations (docs/fleet.md, "One statement, few round
+//! trips") belong to the statement that fetched them.
+//!
+//! The number changes when the executor starts a query (`ExecutorStart_hook`: every
+//! plannable statement, a nested one too), when a utility statement runs
+//! (`ProcessUtility_hook`: `COPY`, `CALL`, `DO`, `FETCH`, `COMMIT`, …), and when a
+//! transaction ends ([`boundary`], from the transaction callback): so two statements of one
+//! query string, or two transactions of one procedure, never share a number. A boundary too
+//! many only costs a round trip; one too few could hand a later statement a value below one
+//! a finished statement returned, so the hooks are installed before the first number is
+//! read. They are installed in a backend only when it first asks ([`current`]): backends
+//! that never take a member's reservation run PostgreSQL's executor untouched.
+
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+/// This backend's statement number (process-local: each backend has its own copy).
+static STATEMENT: AtomicU64 = AtomicU64::new(0);
+static HOOKED: AtomicBool = AtomicBool::new(false);
+static mut PREV_EXECUTOR_START: pg_sys::ExecutorStart_hook_type = None;
+static mut PREV_PROCESS_UTILITY: pg_sys::ProcessUtility_hook_type = None;
+
+/// The number of the statement running now; installs the hooks on first use.
+pub fn current() -> u64 {
+    if !HOOKED.swap(true, Ordering::Relaxed) {
+        // SAFETY: a backend is single-threaded and this runs once per process; the previous
+        // hooks are kept and called by ours, so whatever was installed before still runs.
+        unsafe {
+            PREV_EXECUTOR_START = pg_sys::ExecutorStart_hook;
+            pg_sys::ExecutorStart_hook = Some(executor_start);
+            PREV_PROCESS_UTILITY = pg_sys::ProcessUtility_hook;
+            pg_sys::ProcessUtility_hook = Some(process_utility);
+        }
+        boundary();
+    }
+    STATEMENT.load(Ordering::Relaxed)
+}
+
+/// A statement (or a transaction) ends or begins: what was reserved is no one's any more.
+pub fn boundary() {
+    STATEMENT.fetch_add(1, Ordering::Relaxed);
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn executor_start(query_desc: *mut pg_sys::QueryDesc, eflags: i32) {
+    boundary();
+    // SAFETY: the hook chain's contract: the arguments PostgreSQL passed, to the previous
+    // hook or the standard function; an error they raise is caught at this FFI boundary and
+    // raised again past this guarded frame.
+    unsafe {
+        match PREV_EXECUTOR_START {
+            Some(prev) => pg_sys::ffi::pg_guard_ffi_boundary(|| prev(query_desc, eflags)),
+            None => pg_sys::standard_ExecutorStart(query_desc, eflags),
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+#[pg_guard]
+unsafe extern "C-unwind" fn process_utility(
+    pstmt: *mut pg_sys::PlannedStmt,
+    query_string: *const std::ffi::c_char,
+    read_only_tree: bool,
+    context: pg_sys::ProcessUtilityContext::Type,
+    params: pg_sys::ParamListInfo,
+    query_env: *mut pg_sys::QueryEnvironment,
+    dest: *mut pg_sys::DestReceiver,
+    qc: *mut pg_sys::QueryCompletion,
+) {
+    boundary();
+    // SAFETY: as in `executor_start`.
+    unsafe {
+        match PREV_PROCESS_UTILITY {
+            Some(prev) => pg_sys::ffi::pg_guard_ffi_boundary(|| {
+                prev(pstmt, query_string, read_only_tree, context, params, query_env, dest, qc)
+            }),
+            None => pg_sys::standard_ProcessUtility(
+                pstmt,
+                query_string,
+                read_only_tree,
+                context,
+                params,
+                query_env,
+                dest,
+                qc,
+            ),
+        }
+    }
+}

@@ -1,0 +1,214 @@
+//! A member's statements take their values from reservations (docs/fleet.md, "One
+//! statement, few round trips"):
+//!
+//! - a `COPY` and an `INSERT … SELECT` of many rows cost a few dozen round trips, not one a
+//!   row, and their values increase in row order; `tsoracle.member_reservation_max = 1` gives
+//!   one round trip a call again;
+//! - what a statement leaves unused is a gap: the next statement's values are above the whole
+//!   of its last fetch, also when it ended normally, failed, or was cancelled mid-way;
+//! - a procedure's transactions never share a reservation (its `COMMIT` is a boundary);
+//! - the member's `R` stays below the first value of a transaction whose statement reserved.
+//!
+//! The values a statement takes are seen as they are taken through `RAISE NOTICE`, which a
+//! client receives before the statement ends.
+//!
+//! Run with: `cargo test -p tsoracle-tests --test fleet_statements -- --test-threads=2`
+
+use std::str::FromStr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use postgres::error::SqlState;
+use postgres::{Client, NoTls};
+use tsoracle_tests::fleet::{admit_members, member, oracle_conninfo, MEMBER_ROLE};
+use tsoracle_tests::{expect_sqlstate, ops, poll_until, serving_node, Node, NodeOpts};
+
+/// A function that takes one value and tells it (a NOTICE) before returning it.
+const TELL: &str = "CREATE FUNCTION tell(i int) RETURNS bigint LANGUAGE plpgsql AS $$
+    DECLARE v bigint := tso_next();
+    BEGIN RAISE NOTICE 'took %', v; RETURN v; END $$";
+
+fn round_trips(c: &mut Client) -> i64 {
+    c.query_one("SELECT round_trips FROM tso_member_status()", &[]).unwrap().get(0)
+}
+
+/// A connection whose NOTICEs `took N` are collected, in order.
+fn telling(node: &Node) -> (Client, Arc<Mutex<Vec<i64>>>) {
+    let told = Arc::new(Mutex::new(Vec::new()));
+    let sink = told.clone();
+    let client = postgres::Config::from_str(&node.conninfo())
+        .expect("conninfo")
+        .notice_callback(move |n| {
+            if let Some(v) = n.message().strip_prefix("took ").and_then(|v| v.parse().ok()) {
+                sink.lock().unwrap().push(v);
+            }
+        })
+        .connect(NoTls)
+        .expect("connect");
+    (client, told)
+}
+
+/// The fetches of one statement with `tsoracle.member_reservation_max = cap`: the first
+/// call's place (0-based) and size of each, in order, for `calls` calls.
+fn fetches(calls: usize, cap: usize) -> Vec<(usize, usize)> {
+    let (mut out, mut at, mut size) = (Vec::new(), 0, 1);
+    while at < calls {
+        out.push((at, size));
+        at += size;
+        size = (size * 2).min(cap);
+    }
+    out
+}
+
+/// The values a statement was told are its fetches' (consecutive within each); returns one
+/// past the end of its last fetch: no later statement may get a value below it.
+fn reserved_end(told: &[i64], cap: usize) -> i64 {
+    let mut end = 0;
+    for (at, size) in fetches(told.len(), cap) {
+        let first = told[at];
+        for (j, v) in told[at..told.len().min(at + size)].iter().enumerate() {
+            assert_eq!(*v, first + j as i64, "a fetch's values are handed out in order: {told:?}");
+        }
+        end = first + size as i64;
+    }
+    end
+}
+
+fn next(c: &mut Client) -> i64 {
+    c.query_one("SELECT tso_next()", &[]).unwrap().get(0)
+}
+
+#[test]
+fn a_statement_takes_its_values_in_few_round_trips_and_leaves_the_rest_a_gap() {
+    let oracle = serving_node("fleet-st-oracle", NodeOpts::new());
+    admit_members(&oracle);
+    let m = member("fleet-st-m", &oracle_conninfo(&[oracle.port()], MEMBER_ROLE));
+    let mut c = m.connect();
+    c.batch_execute(ops::STAMPED).unwrap();
+    c.batch_execute(TELL).unwrap();
+
+    // A COPY of 20,000 rows: a few dozen round trips (heartbeats included), values in row order.
+    let before = round_trips(&mut c);
+    {
+        use std::io::Write;
+        let mut w = c.copy_in("COPY stamped (batch, i) FROM STDIN").unwrap();
+        let data: String = (1..=20_000).map(|i| format!("1\t{i}\n")).collect();
+        w.write_all(data.as_bytes()).unwrap();
+        assert_eq!(w.finish().unwrap(), 20_000);
+    }
+    let copy_trips = round_trips(&mut c) - before;
+    eprintln!("COPY of 20,000 rows: {copy_trips} round trips");
+    assert!(copy_trips < 60, "a COPY of 20,000 rows took {copy_trips} round trips");
+    let increasing = |c: &mut Client, batch: i64| -> bool {
+        c.query_one(
+            "SELECT bool_and(ts > prev) FROM (SELECT ts, lag(ts) OVER (ORDER BY i) AS prev \
+             FROM stamped WHERE batch = $1) s WHERE prev IS NOT NULL",
+            &[&batch],
+        )
+        .unwrap()
+        .get(0)
+    };
+    assert!(increasing(&mut c, 1), "the COPY's values increase in row order");
+    let after_copy = next(&mut c);
+    let copy_max: i64 =
+        c.query_one("SELECT max(ts) FROM stamped WHERE batch = 1", &[]).unwrap().get(0);
+    assert!(
+        after_copy > copy_max,
+        "the next statement's {after_copy} is above the COPY's {copy_max}"
+    );
+
+    // INSERT … SELECT, the same.
+    let before = round_trips(&mut c);
+    c.batch_execute("INSERT INTO stamped (batch, i) SELECT 2, g FROM generate_series(1, 20000) g")
+        .unwrap();
+    let insert_trips = round_trips(&mut c) - before;
+    assert!(insert_trips < 60, "an INSERT … SELECT of 20,000 rows took {insert_trips} round trips");
+    assert!(increasing(&mut c, 2), "the INSERT's values increase in row order");
+
+    // One round trip a call again with a cap of 1 (a backend alone: nothing to coalesce with).
+    c.batch_execute("SET tsoracle.member_reservation_max = 1").unwrap();
+    let before = round_trips(&mut c);
+    c.batch_execute("INSERT INTO stamped (batch, i) SELECT 3, g FROM generate_series(1, 500) g")
+        .unwrap();
+    let per_call = round_trips(&mut c) - before;
+    assert!(per_call >= 500, "500 rows with a cap of 1 took {per_call} round trips");
+    assert!(increasing(&mut c, 3));
+
+    // What a statement leaves is a gap: with a cap of 8, 10 calls fetch 1, 2, 4 and 8 values;
+    // the next statement starts above all 15.
+    let cap = 8;
+    let (mut t, told) = telling(&m);
+    t.batch_execute(&format!("SET tsoracle.member_reservation_max = {cap}")).unwrap();
+    t.batch_execute("SELECT tell(g) FROM generate_series(1, 10) g").unwrap();
+    let seen = told.lock().unwrap().clone();
+    assert_eq!(seen.len(), 10);
+    let end = reserved_end(&seen, cap);
+    let after = next(&mut t);
+    assert!(
+        after >= end,
+        "the next statement's {after} is in the last one's reservation (< {end}): {seen:?}"
+    );
+
+    // A statement that fails mid-reservation: 5 calls (fetches of 1, 2 and 4), then 22012.
+    told.lock().unwrap().clear();
+    let failed = t.batch_execute(
+        "SELECT CASE WHEN g < 6 THEN tell(g) ELSE 1 / (g - 6) END FROM generate_series(1, 10) g",
+    );
+    expect_sqlstate(failed, &SqlState::DIVISION_BY_ZERO, "a statement failing mid-reservation");
+    let seen = told.lock().unwrap().clone();
+    assert_eq!(seen.len(), 5, "{seen:?}");
+    let end = reserved_end(&seen, cap);
+    let after = next(&mut t);
+    assert!(after >= end, "after a failed statement: {after} < {end}: {seen:?}");
+
+    // A statement cancelled mid-way (statement_timeout), the same.
+    told.lock().unwrap().clear();
+    t.batch_execute("SET statement_timeout = 400").unwrap();
+    let cancelled =
+        t.batch_execute("SELECT tell(g), pg_sleep(0.002) FROM generate_series(1, 1000000) g");
+    expect_sqlstate(cancelled, &SqlState::QUERY_CANCELED, "a statement cancelled mid-reservation");
+    t.batch_execute("SET statement_timeout = 0").unwrap();
+    let seen = told.lock().unwrap().clone();
+    assert!(seen.len() > 10, "the cancelled statement took {} values", seen.len());
+    let end = reserved_end(&seen, cap);
+    let after = next(&mut t);
+    assert!(after >= end, "after a cancelled statement: {after} < {end}");
+
+    // A procedure's COMMIT is a boundary: its second transaction fetches afresh.
+    told.lock().unwrap().clear();
+    t.batch_execute(
+        "CREATE PROCEDURE two_transactions() LANGUAGE plpgsql AS $$
+         DECLARE v bigint;
+         BEGIN
+           v := tell(1); v := tell(2);
+           COMMIT;
+           v := tell(3);
+         END $$",
+    )
+    .unwrap();
+    t.batch_execute("CALL two_transactions()").unwrap();
+    let seen = told.lock().unwrap().clone();
+    assert_eq!(seen.len(), 3);
+    // The first transaction fetched 1, then 2 (one of them unused).
+    assert!(
+        seen[2] >= seen[1] + 2,
+        "the second transaction used the first one's reservation: {seen:?}"
+    );
+
+    // The member's R stays below a transaction whose statement reserved values.
+    t.batch_execute("BEGIN").unwrap();
+    told.lock().unwrap().clear();
+    t.batch_execute("SELECT tell(g) FROM generate_series(1, 20) g").unwrap();
+    let held = told.lock().unwrap()[0];
+    for _ in 0..20 {
+        next(&mut c);
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let r: i64 = c.query_one("SELECT tso_resolved()", &[]).unwrap().get(0);
+    assert!(r < held, "R {r} passed {held}, the open transaction's first value");
+    t.batch_execute("COMMIT").unwrap();
+    poll_until("R passes the committed values", Duration::from_secs(10), || {
+        let r: i64 = c.query_one("SELECT tso_resolved()", &[]).unwrap().get(0);
+        (r >= held).then_some(())
+    });
+}
