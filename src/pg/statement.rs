@@ -5,8 +5,9 @@
 //! The number changes when the executor starts a query (`ExecutorStart_hook`: every
 //! plannable statement, a nested one too), when a utility statement runs
 //! (`ProcessUtility_hook`: `COPY`, `CALL`, `DO`, `FETCH`, `COMMIT`, …), and when a
-//! transaction ends ([`boundary`], from the transaction callback): so two statements of one
-//! query string, or two transactions of one procedure, never share a number. A boundary too
+//! transaction ends ([`boundary`], from the transaction callback), and when
+//! `statement_timestamp()` moves: so two statements of one query string, or two transactions
+//! of one procedure, never share a number. A boundary too
 //! many only costs a round trip; one too few could hand a later statement a value below one
 //! a finished statement returned, so the hooks are installed before the first number is
 //! read. They are installed in a backend only when it first asks ([`current`]): backends
@@ -14,7 +15,7 @@
 
 use pgrx::pg_sys;
 use pgrx::prelude::*;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 
 /// This backend's statement number (process-local: each backend has its own copy).
 static STATEMENT: AtomicU64 = AtomicU64::new(0);
@@ -22,8 +23,18 @@ static HOOKED: AtomicBool = AtomicBool::new(false);
 static mut PREV_EXECUTOR_START: pg_sys::ExecutorStart_hook_type = None;
 static mut PREV_PROCESS_UTILITY: pg_sys::ProcessUtility_hook_type = None;
 
-/// The number of the statement running now; installs the hooks on first use.
+/// The start of the statement last seen by [`current`] (`statement_timestamp()`).
+static STARTED: AtomicI64 = AtomicI64::new(i64::MIN);
+
+/// The number of the statement running now; installs the hooks on first use. A new
+/// `statement_timestamp()` (each message from the client sets it) is a boundary too, should
+/// a hook installed after ours not call it.
 pub fn current() -> u64 {
+    // SAFETY: reads a timestamp the backend keeps in a process-local variable.
+    let started = unsafe { pg_sys::GetCurrentStatementStartTimestamp() };
+    if STARTED.swap(started, Ordering::Relaxed) != started {
+        boundary();
+    }
     if !HOOKED.swap(true, Ordering::Relaxed) {
         // SAFETY: a backend is single-threaded and this runs once per process; the previous
         // hooks are kept and called by ours, so whatever was installed before still runs.

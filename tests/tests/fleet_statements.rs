@@ -174,6 +174,23 @@ fn a_statement_takes_its_values_in_few_round_trips_and_leaves_the_rest_a_gap() {
     let after = next(&mut t);
     assert!(after >= end, "after a cancelled statement: {after} < {end}");
 
+    // Errors raised inside the executor's and a utility's start pass through the hooks as
+    // errors (the backend goes on): a table the role may not read, a table that exists.
+    t.batch_execute("CREATE ROLE plain LOGIN; CREATE TABLE secret (x int)").unwrap();
+    t.batch_execute("SET ROLE plain").unwrap();
+    expect_sqlstate(
+        t.batch_execute("SELECT * FROM secret"),
+        &SqlState::INSUFFICIENT_PRIVILEGE,
+        "ExecutorStart through the hook",
+    );
+    t.batch_execute("RESET ROLE").unwrap();
+    expect_sqlstate(
+        t.batch_execute(ops::STAMPED),
+        &SqlState::DUPLICATE_TABLE,
+        "ProcessUtility through the hook",
+    );
+    assert!(next(&mut t) > after, "the backend serves after errors in its hooks");
+
     // A procedure's COMMIT is a boundary: its second transaction fetches afresh.
     told.lock().unwrap().clear();
     t.batch_execute(
