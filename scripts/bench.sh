@@ -22,7 +22,8 @@
 # BENCH_CEIL_ONE_REPS and BENCH_CEIL_ONE_SECONDS (its one-client row: 15 pairs of 3 s runs, as
 # one client's rate follows the virtual disk's flush, which drifts by 15 % from run to run),
 # BENCH_MEMBER_CLIENTS (a member of a fleet: its tso_next() against its SELECT 1 and the
-# oracle's tso_next(), default "1 8 32 128"; empty skips it),
+# oracle's tso_next(), default "1 8 32 128"; then its one-row INSERTs at BENCH_WRITE_CLIENTS,
+# a COPY and an INSERT ... SELECT of BENCH_COPY_ROWS rows; empty skips it all),
 # BENCH_SLOT_CLIENTS (tso_seq and tso_next() with a test_decoding slot present, against the
 # same baselines, default "8 32"; empty skips it),
 # BENCH_ONLY (run only these sections, e.g. "throughput writes": throughput, resolved, percall,
