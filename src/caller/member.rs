@@ -7,7 +7,8 @@
 //! Within one statement, `tso_next()` (and `tso_next_uuid()`) take their values from a
 //! reservation (`tsoracle_core::reservation`): a fetch answers 1, then 2, 4, … values up to
 //! `tsoracle.member_reservation_max`, handed out in order to the statement's later calls;
-//! what the statement leaves is a gap. The transaction's hold is taken before the first
+//! what the statement leaves is a gap. Outside a portal (work at commit, after the last
+//! statement returned) every call fetches. The transaction's hold is taken before the first
 //! fetch, below all of them.
 
 use super::holding;
@@ -27,7 +28,7 @@ thread_local! {
 /// reservation when it has one left; anything else is fetched from the oracle.
 pub fn next(count: u32) -> Result<u64, TsoError> {
     let cap = guc::member_reservation_max();
-    if count > 1 || cap <= 1 {
+    if count > 1 || cap <= 1 || !statement::in_a_portal() {
         // Nothing kept may be handed out after these values: it is below them.
         RESERVED.set(Reservation::EMPTY);
         return fetch(count);

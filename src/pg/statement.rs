@@ -11,10 +11,13 @@
 //! many only costs a round trip; one too few could hand a later statement a value below one
 //! a finished statement returned, so the hooks are installed before the first number is
 //! read. They are installed in a backend only when it first asks ([`current`]): backends
-//! that never take a member's reservation run PostgreSQL's executor untouched.
+//! that never take a member's reservation run PostgreSQL's executor untouched. A library
+//! loaded later in the backend that replaces a hook without calling ours would leave only
+//! `statement_timestamp()`, which separates the client's messages but not the statements of
+//! one query string.
 
 use pgrx::pg_sys;
-use pgrx::prelude::*;
+use std::ffi::{c_char, c_int};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 
 /// This backend's statement number (process-local: each backend has its own copy).
@@ -49,30 +52,58 @@ pub fn current() -> u64 {
     STATEMENT.load(Ordering::Relaxed)
 }
 
+/// Whether a portal runs: a statement of a client, or a statement's own queries. Code that
+/// runs outside one — deferred triggers and other work at commit, after the last statement
+/// returned its result; a background worker — takes no reservation.
+pub fn in_a_portal() -> bool {
+    // SAFETY: a plain read of a backend global (NULL between statements).
+    unsafe { !pg_sys::ActivePortal.is_null() }
+}
+
 /// A statement (or a transaction) ends or begins: what was reserved is no one's any more.
 pub fn boundary() {
     STATEMENT.fetch_add(1, Ordering::Relaxed);
 }
 
-#[pg_guard]
-unsafe extern "C-unwind" fn executor_start(query_desc: *mut pg_sys::QueryDesc, eflags: i32) {
+unsafe extern "C-unwind" {
+    // The raw symbols, not pgrx's guarded wrappers: an error they raise passes through the
+    // hooks to PostgreSQL untouched (a guard would raise it again with fewer fields: no
+    // CONTEXT, no constraint or table name).
+    #[link_name = "standard_ExecutorStart"]
+    fn raw_standard_executor_start(query_desc: *mut pg_sys::QueryDesc, eflags: c_int);
+    #[link_name = "standard_ProcessUtility"]
+    #[allow(clippy::too_many_arguments)]
+    fn raw_standard_process_utility(
+        pstmt: *mut pg_sys::PlannedStmt,
+        query_string: *const c_char,
+        read_only_tree: bool,
+        context: pg_sys::ProcessUtilityContext::Type,
+        params: pg_sys::ParamListInfo,
+        query_env: *mut pg_sys::QueryEnvironment,
+        dest: *mut pg_sys::DestReceiver,
+        qc: *mut pg_sys::QueryCompletion,
+    );
+}
+
+/// No pgrx guard: the frame owns nothing to drop, so an error's longjmp may pass it (as for
+/// the transaction callback in `caller::holding`), and nothing in it can panic.
+unsafe extern "C-unwind" fn executor_start(query_desc: *mut pg_sys::QueryDesc, eflags: c_int) {
     boundary();
     // SAFETY: the hook chain's contract: the arguments PostgreSQL passed, to the previous
-    // hook or the standard function; an error they raise is caught at this FFI boundary and
-    // raised again past this guarded frame.
+    // hook or the standard function.
     unsafe {
         match PREV_EXECUTOR_START {
-            Some(prev) => pg_sys::ffi::pg_guard_ffi_boundary(|| prev(query_desc, eflags)),
-            None => pg_sys::standard_ExecutorStart(query_desc, eflags),
+            Some(prev) => prev(query_desc, eflags),
+            None => raw_standard_executor_start(query_desc, eflags),
         }
     }
 }
 
+/// As [`executor_start`].
 #[allow(clippy::too_many_arguments)]
-#[pg_guard]
 unsafe extern "C-unwind" fn process_utility(
     pstmt: *mut pg_sys::PlannedStmt,
-    query_string: *const std::ffi::c_char,
+    query_string: *const c_char,
     read_only_tree: bool,
     context: pg_sys::ProcessUtilityContext::Type,
     params: pg_sys::ParamListInfo,
@@ -84,10 +115,10 @@ unsafe extern "C-unwind" fn process_utility(
     // SAFETY: as in `executor_start`.
     unsafe {
         match PREV_PROCESS_UTILITY {
-            Some(prev) => pg_sys::ffi::pg_guard_ffi_boundary(|| {
+            Some(prev) => {
                 prev(pstmt, query_string, read_only_tree, context, params, query_env, dest, qc)
-            }),
-            None => pg_sys::standard_ProcessUtility(
+            }
+            None => raw_standard_process_utility(
                 pstmt,
                 query_string,
                 read_only_tree,

@@ -6,7 +6,9 @@
 //!   one round trip a call again;
 //! - what a statement leaves unused is a gap: the next statement's values are above the whole
 //!   of its last fetch, also when it ended normally, failed, or was cancelled mid-way;
-//! - a procedure's transactions never share a reservation (its `COMMIT` is a boundary);
+//! - a procedure's transactions never share a reservation (its `COMMIT` is a boundary), nor
+//!   does work at commit (a deferred trigger) share its statement's;
+//! - errors pass through the statement hooks whole (constraint name, CONTEXT);
 //! - the member's `R` stays below the first value of a transaction whose statement reserved.
 //!
 //! The values a statement takes are seen as they are taken through `RAISE NOTICE`, which a
@@ -190,6 +192,33 @@ fn a_statement_takes_its_values_in_few_round_trips_and_leaves_the_rest_a_gap() {
         "ProcessUtility through the hook",
     );
     assert!(next(&mut t) > after, "the backend serves after errors in its hooks");
+    // ... whole: a unique violation inside DO keeps its constraint name and its CONTEXT.
+    t.batch_execute("CREATE TABLE u (x int PRIMARY KEY); INSERT INTO u VALUES (1)").unwrap();
+    let e = t.batch_execute("DO $$ BEGIN INSERT INTO u VALUES (1); END $$").unwrap_err();
+    let db = e.as_db_error().expect("a server error");
+    assert_eq!(db.code(), &SqlState::UNIQUE_VIOLATION);
+    assert_eq!(db.constraint(), Some("u_pkey"), "{db:?}");
+    assert!(db.where_().is_some_and(|w| w.contains("PL/pgSQL")), "{db:?}");
+
+    // Work at commit, after the statement returned (a deferred trigger, a simple expression:
+    // no hook runs), takes no reservation: 4 calls fetch 1, 2 and 4 values; the trigger's
+    // first call, at commit, is above all 7.
+    t.batch_execute(
+        "CREATE TABLE d (x bigint);
+         CREATE FUNCTION at_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+           DECLARE v bigint; BEGIN v := tell(0); RETURN NULL; END $$;
+         CREATE CONSTRAINT TRIGGER at_commit AFTER INSERT ON d DEFERRABLE INITIALLY DEFERRED
+           FOR EACH ROW EXECUTE FUNCTION at_commit()",
+    )
+    .unwrap();
+    told.lock().unwrap().clear();
+    t.batch_execute("INSERT INTO d SELECT tell(g) FROM generate_series(1, 4) g").unwrap();
+    let seen = told.lock().unwrap().clone();
+    assert_eq!(seen.len(), 8, "4 in the statement, 4 at commit: {seen:?}");
+    assert!(
+        seen[4] >= seen[3] + 4,
+        "a trigger at commit used the statement's reservation: {seen:?}"
+    );
 
     // A procedure's COMMIT is a boundary: its second transaction fetches afresh.
     told.lock().unwrap().clear();
