@@ -642,7 +642,7 @@ if [ -n "$MEMBER_CLIENTS" ]; then
             rec busy "mem_$wx" 1 "$r" "$(busy_pct 1)"
         done
     done
-    mem_prep "tso, t_clock" || die "clean-up of the member's write tables failed"
+    "${MSQL[@]}" -c "TRUNCATE t_tso, t_clock" || die "clean-up of the member's write tables failed"
 fi
 fi
 

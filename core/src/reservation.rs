@@ -53,11 +53,6 @@ impl Reservation {
             size,
         }
     }
-
-    /// The values kept and not yet handed out.
-    pub fn left(&self) -> u64 {
-        self.end.saturating_sub(self.next)
-    }
 }
 
 #[cfg(test)]
@@ -78,7 +73,6 @@ mod tests {
         assert_eq!(r.next_size(1, 8), 4);
         r = Reservation::fetched(1, 300, 8);
         assert_eq!(r.next_size(1, 8), 8, "capped");
-        assert_eq!(r.left(), 7);
         assert_eq!(r.take(2), None, "never another statement's");
         assert_eq!(r.next_size(2, 8), 1);
         assert_eq!(r.next_size(1, 0), 1, "a cap below 1 is 1");

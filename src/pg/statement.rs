@@ -4,13 +4,12 @@
 //!
 //! The number changes when the executor starts a query (`ExecutorStart_hook`: every
 //! plannable statement, a nested one too), when a utility statement runs
-//! (`ProcessUtility_hook`: `COPY`, `CALL`, `DO`, `FETCH`, `COMMIT`, …), and when a
-//! transaction ends ([`boundary`], from the transaction callback), and when
-//! `statement_timestamp()` moves: so two statements of one query string, or two transactions
-//! of one procedure, never share a number. A boundary too
-//! many only costs a round trip; one too few could hand a later statement a value below one
-//! a finished statement returned, so the hooks are installed before the first number is
-//! read. They are installed in a backend only when it first asks ([`current`]): backends
+//! (`ProcessUtility_hook`: `COPY`, `CALL`, `DO`, `FETCH`, `COMMIT`, …), when a transaction
+//! ends ([`boundary`], from the transaction callback) and when `statement_timestamp()` moves:
+//! so two statements of one query string, or two transactions of one procedure, never share
+//! a number. A boundary too many only costs a round trip; one too few could hand a later
+//! statement a value below one a finished statement returned, so the hooks are installed
+//! before the first number is read. They are installed in a backend only when it first asks ([`current`]): backends
 //! that never take a member's reservation run PostgreSQL's executor untouched. A library
 //! loaded later in the backend that replaces a hook without calling ours would leave only
 //! `statement_timestamp()`, which separates the client's messages but not the statements of

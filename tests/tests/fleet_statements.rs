@@ -18,12 +18,14 @@
 
 use std::str::FromStr;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use postgres::error::SqlState;
 use postgres::{Client, NoTls};
 use tsoracle_tests::fleet::{admit_members, member, oracle_conninfo, MEMBER_ROLE};
-use tsoracle_tests::{expect_sqlstate, ops, poll_until, serving_node, Node, NodeOpts};
+use tsoracle_tests::{
+    expect_sqlstate, ops, poll_until, serving_node, Got, History, Node, NodeOpts, SplitMix64,
+};
 
 /// A function that takes one value and tells it (a NOTICE) before returning it.
 const TELL: &str = "CREATE FUNCTION tell(i int) RETURNS bigint LANGUAGE plpgsql AS $$
@@ -118,6 +120,22 @@ fn a_statement_takes_its_values_in_few_round_trips_and_leaves_the_rest_a_gap() {
         after_copy > copy_max,
         "the next statement's {after_copy} is above the COPY's {copy_max}"
     );
+
+    // Every kind of statement the fleet suite's load runs (ops::statements) is served here,
+    // and their history checks: unique, increasing within each, later statements above.
+    let history = History::default();
+    let op = ops::statements(50);
+    let mut rng = SplitMix64::new(42);
+    for i in 0..60 {
+        let start = Instant::now();
+        let got = op(&mut c, &mut rng).unwrap_or_else(|e| panic!("statement {i}: {e}"));
+        let end = Instant::now();
+        match got {
+            Got::Statement(values) => history.record_statement(start, end, "m", &values),
+            Got::Batch(first, count) => history.record_ok(start, end, "m", first, count),
+        }
+    }
+    assert_eq!(history.check().unwrap().calls, history.len());
 
     // INSERT … SELECT, the same.
     let before = round_trips(&mut c);

@@ -59,9 +59,9 @@ pub const STAMPED: &str =
 /// order: a multi-row `INSERT … SELECT` and a multi-row `INSERT … VALUES` into `stamped`
 /// ([`STAMPED`]), a `COPY` into it (its values read back after), `SELECT tso_next()` over
 /// `k` rows, and single calls. `k` is uniform in `2..=max_rows`.
-pub fn statements(max_rows: i64) -> Op {
+pub fn statements(max_rows: i32) -> Op {
     Arc::new(move |c, rng| {
-        let k = rng.range_inclusive(2, max_rows);
+        let k = rng.range_inclusive(2, i64::from(max_rows)) as i32;
         let batch = (rng.next_u64() >> 1) as i64;
         let by_i = |rows: Vec<postgres::Row>| -> Result<Got, postgres::Error> {
             let mut v: Vec<(i32, i64)> = rows
