@@ -1,11 +1,12 @@
 //! The resolved timestamp's bookkeeping against a model of backends and readers that
 //! interleave at the granularity of single atomic reads and writes (every step sequentially
-//! consistent, as the fences make them): a reader's `R` never passes a value of a transaction
+//! consistent, as the fences make them), each backend holding `hold_floor` before its first
+//! grant of a transaction: a reader's `R` never passes a value of a transaction
 //! that has not ended, no grant after it is at or below it, and the published `R` never
 //! decreases.
 
 use proptest::prelude::*;
-use tsoracle_core::resolved::resolved;
+use tsoracle_core::resolved::{hold_floor, resolved};
 
 #[derive(Clone, Copy, Debug)]
 enum Step {
@@ -42,6 +43,8 @@ proptest! {
         // Per backend: is a transaction open (published), and the values it took.
         let mut open = [false; BACKENDS];
         let mut taken: Vec<Vec<u64>> = vec![Vec::new(); BACKENDS];
+        // Per backend: one past the last value it was granted (0: none yet).
+        let mut last_end = [0u64; BACKENDS];
         // The first grant of the transaction is taken and its slot not yet raised to it.
         let mut raise = [false; BACKENDS];
         // Values of transactions that have not ended, for the check.
@@ -49,11 +52,12 @@ proptest! {
         let mut published = 0u64;
         for s in steps {
             match s {
-                // The first step of a transaction only publishes the lower bound (the window's
-                // next as read then); the grant and the raise of the slot to the value granted
-                // are later steps, so readers interleave between all three.
+                // The first step of a transaction only publishes the lower bound (the end of
+                // the backend's last grant, or the window's next as read then); the grant and
+                // the raise of the slot to the value granted are later steps, so readers
+                // interleave between all three.
                 Step::Take(b) if !open[b] => {
-                    slots[b] = next.max(1);
+                    slots[b] = hold_floor(last_end[b], || next).max(1);
                     open[b] = true;
                 }
                 Step::Take(b) if raise[b] => {
@@ -66,6 +70,7 @@ proptest! {
                     prop_assert!(first > published, "granted {} at or below R {}", first, published);
                     raise[b] = taken[b].is_empty();
                     taken[b].push(first);
+                    last_end[b] = first + 1;
                 }
                 Step::End(b) => {
                     slots[b] = 0;

@@ -295,6 +295,10 @@ def tps_row(label, cw, blabel, bw, c, target=None):
 for c in clients_list:
     tps_row("SELECT tso_next()", "tso_next", "SELECT pg_backend_pid()", "pid", c, 0.97)
 for c in clients_list:
+    tps_row("SELECT show_limit() (pg_trgm: a trivial C function of an extension)", "extfn",
+            "SELECT 1", "select1", c)
+    tps_row("SELECT tso_next()", "tso_next", "SELECT show_limit()", "extfn", c)
+for c in clients_list:
     tps_row("SELECT 1, after one tso_next() in the session", "after_tso_next",
             "SELECT 1, after one clock_timestamp()", "after_clock", c, 0.99)
 

@@ -9,10 +9,15 @@ use crate::shmem::holders::HOLDERS;
 use crate::shmem::Signals;
 use pgrx::pg_guard;
 use pgrx::pg_sys;
-use std::sync::atomic::{fence, AtomicBool, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
+use tsoracle_core::resolved;
 
 /// This backend's open transaction holds values (its slot is set).
 static HELD: AtomicBool = AtomicBool::new(false);
+
+/// One past the last value this backend was granted from the window (0: none yet): the
+/// lower bound it holds before its next grant (`tsoracle_core::resolved::hold_floor`).
+static LAST_GRANT_END: AtomicU64 = AtomicU64::new(0);
 
 /// Before a grant: make sure this backend's slot holds a lower bound of what the grant will
 /// return. True when this call published it (the caller then [`raise`]s it to the value). A
@@ -27,12 +32,12 @@ pub fn hold(signals: &Signals) -> Result<bool, TsoError> {
         ));
     };
     register_callbacks();
-    // The window's next only grows, and every grant is at or above it: a lower bound. On a
-    // member, the floor of what the oracle will answer (every value fetched after now).
+    // A lower bound of the coming grant (`tsoracle_core::resolved::hold_floor`). On a member,
+    // the floor of what the oracle will answer (every value fetched after now).
     let floor = if crate::pg::guc::is_member() {
         signals.member_floor.get()
     } else {
-        signals.window.next_ts()
+        resolved::hold_floor(LAST_GRANT_END.load(Ordering::Relaxed), || signals.window.next_ts())
     };
     // SAFETY: a plain read of this process's pid.
     slot.publish(floor, unsafe { pg_sys::MyProcPid });
@@ -48,6 +53,14 @@ pub fn hold(signals: &Signals) -> Result<bool, TsoError> {
 pub fn raise(first: u64) {
     if let Some(slot) = HOLDERS.mine() {
         slot.raise_to(first);
+    }
+}
+
+/// After every grant from the window: `count` values from `first` were this backend's.
+pub fn granted(first: u64, count: u32) {
+    LAST_GRANT_END.store(first + u64::from(count), Ordering::Relaxed);
+    if let Some(slot) = HOLDERS.mine() {
+        slot.count_issued(count);
     }
 }
 
@@ -71,8 +84,10 @@ fn release() {
 }
 
 fn register_callbacks() {
+    // A backend is single-threaded: a load and a store, not a read-modify-write.
     static REGISTERED: AtomicBool = AtomicBool::new(false);
-    if !REGISTERED.swap(true, Ordering::Relaxed) {
+    if !REGISTERED.load(Ordering::Relaxed) {
+        REGISTERED.store(true, Ordering::Relaxed);
         // SAFETY: registering static functions that take no argument, once per process.
         unsafe {
             pg_sys::RegisterXactCallback(Some(xact_callback), std::ptr::null_mut());

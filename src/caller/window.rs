@@ -50,7 +50,6 @@ fn try_grant(signals: &Signals, count: u32) -> Result<Result<u64, Blocked>, TsoE
     let now = now.wall_ms;
     match signals.window.try_grant(now, count) {
         Ok(first) => {
-            signals.count_issued(count);
             if signals.first_grant_ms.load(Ordering::Relaxed) == 0 {
                 signals.first_grant_ms.store(now.max(1), Ordering::Relaxed);
             }
@@ -82,6 +81,7 @@ pub fn next(count: i64) -> Result<u64, TsoError> {
         if fresh {
             holding::raise(first);
         }
+        holding::granted(first, count);
         first
     };
     let blocked = match try_grant(signals, count)? {

@@ -291,11 +291,20 @@ pub fn check_superuser(what: &str) -> Result<(), TsoError> {
     }
 }
 
+unsafe extern "C-unwind" {
+    // The raw symbol, not pgrx's guarded wrapper: every `tso_next()` asks, and the guard
+    // (a `sigsetjmp` and the save and restore of PostgreSQL's error state) costs more than
+    // the question. `IsInParallelMode` only reads `CurrentTransactionState` and cannot raise.
+    #[link_name = "IsInParallelMode"]
+    fn raw_is_in_parallel_mode() -> bool;
+}
+
 /// Refuse `what` (a function that issues a value) in parallel mode: a parallel worker's holder
 /// slot ends before its leader commits, and a parallel worker cannot write or wait for one.
 pub fn refuse_in_parallel_mode(what: &'static str) -> Result<(), TsoError> {
-    // SAFETY: a read of this backend's transaction state, valid inside any SQL call.
-    if unsafe { pg_sys::IsInParallelMode() } {
+    // SAFETY: a read of this backend's transaction state, valid inside any SQL call; it cannot
+    // raise an error, so it needs no guard (see `raw_is_in_parallel_mode`).
+    if unsafe { raw_is_in_parallel_mode() } {
         Err(TsoError::ParallelMode(what))
     } else {
         Ok(())

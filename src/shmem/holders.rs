@@ -21,6 +21,9 @@ pub struct HolderSlot {
     /// The lowest value the backend's open transaction may have taken; 0 = none.
     min_ts: AtomicU64,
     pid: AtomicI32,
+    /// Timestamps issued by the backends that had this slot, in this server's life (written
+    /// by the slot's backend only, beside the holding it writes anyway: no other cache line).
+    issued: AtomicU64,
 }
 
 impl HolderSlot {
@@ -37,6 +40,13 @@ impl HolderSlot {
 
     pub fn clear(&self) {
         self.min_ts.store(0, Ordering::Release);
+    }
+
+    /// Count `count` timestamps issued by this slot's backend (the only writer: a load and
+    /// a store, not a read-modify-write).
+    pub fn count_issued(&self, count: u32) {
+        let issued = self.issued.load(Ordering::Relaxed);
+        self.issued.store(issued.wrapping_add(u64::from(count)), Ordering::Relaxed);
     }
 
     /// The value held (0: none).
@@ -149,6 +159,11 @@ pub fn primary_resolved(signals: &Signals) -> Result<u64, TsoError> {
     let lease_from = LEASE_BOUNDS.share().earliest_live_from(clock::sample());
     let r = tsoracle_core::resolved::resolved(next, held, lease_from);
     Ok(signals.raise_resolved(r))
+}
+
+/// Timestamps issued from the window in this server's life, summed over the slots.
+pub fn timestamps_issued() -> u64 {
+    HOLDERS.slots().iter().map(|s| s.issued.load(Ordering::Relaxed)).fold(0, u64::wrapping_add)
 }
 
 /// How many slots hold a value, and the lowest held value with its process.

@@ -11,9 +11,6 @@ use std::ffi::CStr;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU64, Ordering};
 use tsoracle_core::window::AtomicWindow;
 
-/// Slots of the issued-timestamps counter.
-const ISSUED_SLOTS: usize = 64;
-
 /// Keeps what it holds on a cache line of its own (no false sharing between the window,
 /// which every call writes, and what calls only read or write per backend).
 #[derive(Debug)]
@@ -41,9 +38,6 @@ pub struct ServeUntil {
 pub struct Signals {
     /// The hot path: timestamps are taken from here with one compare-and-swap.
     pub window: CacheLine<AtomicWindow>,
-    /// Timestamps issued, summed over slots that backends add to by process number, so
-    /// that concurrent callers do not all write one cache line.
-    issued: [CacheLine<AtomicU64>; ISSUED_SLOTS],
     /// Clock time of the first timestamp served after the last fence (0: none yet). Written
     /// once per fence, read by every call: on its own cache line.
     pub first_grant_ms: CacheLine<AtomicU64>,
@@ -85,16 +79,6 @@ pub struct Signals {
 unsafe impl PGRXSharedMemory for Signals {}
 
 impl Signals {
-    /// Count `count` timestamps issued by this backend.
-    pub fn count_issued(&self, count: u32) {
-        let slot = crate::pg::compat::my_proc_number().unsigned_abs() as usize % ISSUED_SLOTS;
-        self.issued[slot].fetch_add(u64::from(count), Ordering::Relaxed);
-    }
-
-    pub fn timestamps_issued(&self) -> u64 {
-        self.issued.iter().map(|c| c.load(Ordering::Relaxed)).sum()
-    }
-
     /// A commit that began at `started` is confirmed (flushed and replicated): issuing may
     /// go on for `window_ahead_ms` from then, on the monotonic and on the wall clock.
     /// Only the worker calls this, one commit after the other, so on the wall clock the later
@@ -289,7 +273,6 @@ impl PgSharedMemoryInitialization for SharedSignals {
             if !found {
                 ptr.write(Signals {
                     window: CacheLine(AtomicWindow::new()),
-                    issued: [const { CacheLine(AtomicU64::new(0)) }; ISSUED_SLOTS],
                     first_grant_ms: CacheLine(AtomicU64::new(0)),
                     serve_until: CacheLine(ServeUntil::default()),
                     resolved: CacheLine(AtomicU64::new(0)),

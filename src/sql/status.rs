@@ -52,7 +52,7 @@ impl Status {
             floor_ms: None,
             last_issued: signals.window.last_issued().map(timestamp::to_sql),
             window_left_ms: None,
-            timestamps_issued: signals.timestamps_issued() as i64,
+            timestamps_issued: crate::shmem::holders::timestamps_issued() as i64,
             window_extensions: st.window_extensions as i64,
             fences: st.fences as i64,
             last_fence_ms: (st.fences > 0).then_some(st.last_fence_us as f64 / 1000.0),

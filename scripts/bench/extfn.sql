@@ -1,0 +1,1 @@
+SELECT show_limit();
