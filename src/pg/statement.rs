@@ -9,11 +9,11 @@
 //! so two statements of one query string, or two transactions of one procedure, never share
 //! a number. A boundary too many only costs a round trip; one too few could hand a later
 //! statement a value below one a finished statement returned, so the hooks are installed
-//! before the first number is read. They are installed in a backend only when it first asks ([`current`]): backends
-//! that never take a member's reservation run PostgreSQL's executor untouched. A library
-//! loaded later in the backend that replaces a hook without calling ours would leave only
-//! `statement_timestamp()`, which separates the client's messages but not the statements of
-//! one query string.
+//! before the first number is read. They are installed in a backend only when it first asks
+//! ([`current`]): backends that never take a member's reservation run PostgreSQL's executor
+//! untouched. A library loaded later in the backend that replaces a hook without calling ours
+//! would leave only `statement_timestamp()`, which separates the client's messages but not
+//! the statements of one query string.
 
 use pgrx::pg_sys;
 use std::ffi::{c_char, c_int};
