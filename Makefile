@@ -173,4 +173,4 @@ lint: deps
 	cargo fmt --all -- --check
 	cargo clippy -p tsoracle-core -p tsoracle-tests -p tsoracle-relay --all-targets -- -D warnings
 	cargo clippy -p tsoracle --all-targets --no-default-features --features pg15 -- -D warnings
-	cargo clippy -p tsoracle --all-targets --no-default-features --features pg18,clock-fault -- -D warnings
+	cargo clippy -p tsoracle --all-targets --no-default-features --features pg18,clock-fault,handoff-floor -- -D warnings

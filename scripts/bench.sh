@@ -42,7 +42,10 @@
 # relocatable installation such as /opt/tsoracle/postgresql-18.6.0/bin works too),
 # BENCH_SO / BENCH_EXT_DIR benchmark another tsoracle.so / extension SQL directory than the
 # installed ones (default: `pg_config --pkglibdir`/tsoracle.so and `pg_config --sharedir`/extension
-# of that installation).
+# of that installation). The hand-off floor of a member (BENCHMARKS.md): BENCH_SO=$(
+# CARGO_TARGET_DIR=target/floor TSORACLE_FEATURES=handoff-floor INSTALL_PROFILE=tests
+# scripts/build-ext.sh PG_CONFIG)/<pkglibdir>/tsoracle.so BENCH_ONLY=member, a build whose
+# member answers tso_next() without its oracle (the report says so).
 #
 # The server runs from a private snapshot of the PostgreSQL installation (postgres, pg_ctl,
 # initdb, the libraries, the share directory) taken at the start, with tsoracle.so and its SQL
@@ -272,6 +275,8 @@ rec info pg_bin "$SYSBIN ($PG_CONFIG: $("$PG_CONFIG" --version))"
 rec info pgbench "$("$SYSBIN/pgbench" --version)"
 so_build=release
 readelf -S "$PKGLIB/tsoracle.so" 2>/dev/null | grep -q '\.debug_info' && so_build="DEBUG (has .debug_info: probably an unoptimised build, e.g. installed by cargo pgrx test; figures are not representative)"
+grep -qa 'built with the feature handoff-floor' "$PKGLIB/tsoracle.so" \
+    && so_build="HANDOFF-FLOOR (a member answers tso_next() without its oracle: the member rows measure the hand-off alone)"
 rec info extension "$SRC_SO: $(stat -c %s "$PKGLIB/tsoracle.so") bytes, sha256 $(sha256sum "$PKGLIB/tsoracle.so" | cut -c1-12), installed $(date -u -d "@$(stat -c %Y "$SRC_SO")" '+%F %T UTC'), build: $so_build"
 rec info settings "$(sql "SELECT string_agg(name || '=' || setting || coalesce(unit, ''), ', ' ORDER BY name)
     FROM pg_settings WHERE name IN ('shared_buffers', 'max_connections', 'fsync', 'synchronous_commit',

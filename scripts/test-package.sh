@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Test the Debian packages `make package` built (run as root):
 #   - every package's metadata and file list: named postgresql-<major>-tsoracle, depends on
-#     postgresql-<major>, holds the library, control file and every install and upgrade
-#     script under Debian's PostgreSQL paths, the operations examples of contrib/ (the same
-#     bytes) in its doc directory, and nothing else;
+#     postgresql-<major>, holds the library (never a build with the feature handoff-floor),
+#     control file and every install and upgrade script under Debian's PostgreSQL paths, the
+#     operations examples of contrib/ (the same bytes) in its doc directory, and nothing else;
 #   - the relay's package, tsoracle-relay: its metadata (depends on libpq5), its file list (the
 #     binary, the systemd unit and the example configuration of contrib/systemd/, the same
 #     bytes, and its docs), the binary runs (--version), and where systemd-analyze exists,
@@ -60,6 +60,8 @@ for major in "$@"; do
     # Read whole first: `nm | grep -q` under pipefail fails when grep exits before nm is done.
     syms=$(nm -D --defined-only "$so" 2>/dev/null || true)
     if grep -q ' Pg_magic_func$' <<<"$syms"; then ok "$name: library has a magic block"; else fail "$name: no Pg_magic_func in the library"; fi
+    # Never the build for make bench's hand-off floor (its member answers without the oracle).
+    if grep -qa 'built with the feature handoff-floor' "$so"; then fail "$name: the library was built with the feature handoff-floor"; else ok "$name: library built without handoff-floor"; fi
     for f in $EXAMPLES; do
         if cmp -s "$f" "$tmp/usr/share/doc/$name/examples/$(basename "$f")"; then ok "$name: examples/$(basename "$f") is $f"; else fail "$name: examples/$(basename "$f") differs from $f"; fi
     done

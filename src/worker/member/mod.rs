@@ -173,6 +173,10 @@ pub(super) fn run(signals: &'static Signals, conninfo: String, shown: String) {
         st.connected = false;
     }
     pgrx::log!("tsoracle worker is a member of the oracle {shown}");
+    #[cfg(feature = "handoff-floor")]
+    pgrx::warning!(
+        "tsoracle was built with the feature handoff-floor: this member answers tso_next() without its oracle, for make bench only; its values are not the fleet's"
+    );
     let Some(own) = super::member_past::load() else { return };
     // The leases granted through this member before it (or its worker) restarted hold its R
     // before anything is served.
