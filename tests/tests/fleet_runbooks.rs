@@ -44,6 +44,23 @@ fn one_i64(c: &mut Client, sql: &str) -> i64 {
     c.query_one(sql, &[]).unwrap_or_else(|e| panic!("{sql}: {}", pg_error_string(&e))).get(0)
 }
 
+/// `node`'s high-water (`tso_status()`, 0 while it shows none) once it is above `floor`, or
+/// as it is after 30 s.
+fn high_water_once_above(node: &Node, floor: i64) -> i64 {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let row = node.connect().query_one("SELECT high_water_ms FROM tso_status()", &[]);
+        let high_water = row
+            .unwrap_or_else(|e| panic!("tso_status(): {}", pg_error_string(&e)))
+            .get::<_, Option<i64>>(0)
+            .unwrap_or(0);
+        if high_water > floor || Instant::now() >= deadline {
+            return high_water;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// Timestamps on `node`'s endpoint, recorded in `history`, until stopped.
 fn timestamps_on(node: &Node, history: &History) -> Load {
     Load::start(
@@ -319,8 +336,9 @@ fn the_oracle_restored_to_a_point_in_time_serves_its_fleet_above_everything() {
     )
     .expect("copy the high-water");
     copy_between(&oracle, COUNTERS.0, &restored, COUNTERS.1).expect("copy the counters");
-    let restored_high_water =
-        one_i64(&mut restored.connect(), "SELECT high_water_ms FROM tso_status()");
+    // The worker runs its fence again over the rows copied underneath it: until it has,
+    // tso_status() shows no high-water (the fence running) or the one from before the copy.
+    let restored_high_water = high_water_once_above(&restored, high_water);
     assert!(
         restored_high_water > high_water,
         "the restored oracle's high-water {restored_high_water} is above the old one's {high_water}"
