@@ -3,13 +3,24 @@
 # feature from its version) and print the directory holding the result: the library, the
 # control file and the install and upgrade scripts, under the paths PG_CONFIG reports.
 #
-# Usage: scripts/build-ext.sh PG_CONFIG   (INSTALL_PROFILE=debug for a debug build, or the
-#   name of another Cargo profile, such as the tests' one;
-#   TSORACLE_FEATURES=clock-fault for the tests' build, whose wall clock can be offset)
+# Usage: scripts/build-ext.sh [--for-install] PG_CONFIG   (INSTALL_PROFILE=debug for a debug
+#   build, or the name of another Cargo profile, such as the tests' one;
+#   TSORACLE_FEATURES=clock-fault for the tests' build, whose wall clock can be offset;
+#   TSORACLE_FEATURES=handoff-floor for make bench's hand-off floor, whose member answers
+#   tso_next() without its oracle: refused with --for-install, a build to install or package)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-PG_CONFIG=${1:?usage: build-ext.sh PG_CONFIG}
+if [ "${1:-}" = --for-install ]; then
+    shift
+    case ",${TSORACLE_FEATURES:-}," in
+    *,handoff-floor,*)
+        echo "build-ext: the feature handoff-floor is for make bench only (its member answers without the oracle): never installed or packaged" >&2
+        exit 1
+        ;;
+    esac
+fi
+PG_CONFIG=${1:?usage: build-ext.sh [--for-install] PG_CONFIG}
 profile=${INSTALL_PROFILE:-release}
 case "$profile" in
 release) profile_flag=() ;;

@@ -20,13 +20,7 @@ PG_CONFIG=${1:?usage: install-ext.sh PG_CONFIG [DEST_PG_CONFIG]}
 DEST_PG_CONFIG=${2:-$PG_CONFIG}
 [ "$("$PG_CONFIG" --version)" = "$("$DEST_PG_CONFIG" --version)" ] ||
     { echo "install-ext: $PG_CONFIG and $DEST_PG_CONFIG are different versions" >&2; exit 1; }
-out=$(scripts/build-ext.sh "$PG_CONFIG")
-# A build with the feature handoff-floor answers a member's tso_next() without its oracle: it
-# is for make bench's floor only (BENCHMARKS.md) and is never installed or packaged.
-if grep -qa 'built with the feature handoff-floor' "$(find "$out" -name tsoracle.so -print -quit)"; then
-    echo "install-ext: this build has the feature handoff-floor (make bench only): refused" >&2
-    exit 1
-fi
+out=$(scripts/build-ext.sh --for-install "$PG_CONFIG")
 
 pkglibdir=$("$DEST_PG_CONFIG" --pkglibdir)
 extdir="$("$DEST_PG_CONFIG" --sharedir)/extension"

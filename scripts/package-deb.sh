@@ -34,13 +34,7 @@ REVISION=1
 ARCH=$(dpkg --print-architecture)
 NAME=postgresql-$MAJOR-tsoracle
 
-built=$(scripts/build-ext.sh "$PG_CONFIG")
-# A build with the feature handoff-floor answers a member's tso_next() without its oracle: it
-# is for make bench's floor only (BENCHMARKS.md) and is never installed or packaged.
-if grep -qa 'built with the feature handoff-floor' "$(find "$built" -name tsoracle.so -print -quit)"; then
-    echo "package-deb: this build has the feature handoff-floor (make bench only): refused" >&2
-    exit 1
-fi
+built=$(scripts/build-ext.sh --for-install "$PG_CONFIG")
 stage=$(mktemp -d "${TMPDIR:-/tmp}/tsoracle-deb.XXXXXX")
 trap 'rm -rf "$stage"' EXIT
 lib=$stage/usr/lib/postgresql/$MAJOR/lib

@@ -29,8 +29,8 @@ use tsoracle_tests::fleet::{admit_members, copy_between, member, oracle_conninfo
 use tsoracle_tests::history::check_calls;
 use tsoracle_tests::load::{SeqLoad, SeqLoadOptions};
 use tsoracle_tests::{
-    expect_sqlstate, ops, pg_error_string, serving_node, DenseHistory, Endpoint, History, Load,
-    LoadOptions, Node, NodeOpts, StopMode,
+    expect_sqlstate, ops, pg_error_string, poll_until, serving_node, DenseHistory, Endpoint,
+    History, Load, LoadOptions, Node, NodeOpts, StopMode,
 };
 
 /// The runbooks' copy of the counters, from the cluster that has them to the one that
@@ -42,23 +42,6 @@ const AHEAD: &str = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint + 60
 
 fn one_i64(c: &mut Client, sql: &str) -> i64 {
     c.query_one(sql, &[]).unwrap_or_else(|e| panic!("{sql}: {}", pg_error_string(&e))).get(0)
-}
-
-/// `node`'s high-water (`tso_status()`, 0 while it shows none) once it is above `floor`, or
-/// as it is after 30 s.
-fn high_water_once_above(node: &Node, floor: i64) -> i64 {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let row = node.connect().query_one("SELECT high_water_ms FROM tso_status()", &[]);
-        let high_water = row
-            .unwrap_or_else(|e| panic!("tso_status(): {}", pg_error_string(&e)))
-            .get::<_, Option<i64>>(0)
-            .unwrap_or(0);
-        if high_water > floor || Instant::now() >= deadline {
-            return high_water;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
 }
 
 /// Timestamps on `node`'s endpoint, recorded in `history`, until stopped.
@@ -338,10 +321,15 @@ fn the_oracle_restored_to_a_point_in_time_serves_its_fleet_above_everything() {
     copy_between(&oracle, COUNTERS.0, &restored, COUNTERS.1).expect("copy the counters");
     // The worker runs its fence again over the rows copied underneath it: until it has,
     // tso_status() shows no high-water (the fence running) or the one from before the copy.
-    let restored_high_water = high_water_once_above(&restored, high_water);
-    assert!(
-        restored_high_water > high_water,
-        "the restored oracle's high-water {restored_high_water} is above the old one's {high_water}"
+    poll_until(
+        &format!("the restored oracle's high-water above the old one's {high_water}"),
+        Duration::from_secs(30),
+        || {
+            let row = restored.connect().query_one("SELECT high_water_ms FROM tso_status()", &[]);
+            let restored_high_water: Option<i64> =
+                row.unwrap_or_else(|e| panic!("tso_status(): {}", pg_error_string(&e))).get(0);
+            restored_high_water.filter(|&hw| hw > high_water)
+        },
     );
     // 4. The old oracle stopped; the members pointed at the restored one, and restarted.
     oracle.stop(StopMode::Fast).expect("stop the old oracle");

@@ -173,6 +173,7 @@ pub(super) fn run(signals: &'static Signals, conninfo: String, shown: String) {
         st.connected = false;
     }
     pgrx::log!("tsoracle worker is a member of the oracle {shown}");
+    // make bench's report and scripts/test-package.sh find such a build by this text.
     #[cfg(feature = "handoff-floor")]
     pgrx::warning!(
         "tsoracle was built with the feature handoff-floor: this member answers tso_next() without its oracle, for make bench only; its values are not the fleet's"
