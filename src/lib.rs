@@ -42,6 +42,7 @@ pub extern "C-unwind" fn _PG_init() {
         pg::guc::define();
         shmem::init();
         caller::guard::init();
+        caller::logged::init();
         // No worker while pg_upgrade runs the server (`postgres -b`): the tables it would
         // write are being restored, and their files are replaced by the old cluster's
         // afterwards. The upgraded cluster's first real start fences from those files.

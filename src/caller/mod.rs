@@ -9,6 +9,7 @@
 //! - `resolved`: read `R` (from shared memory on a primary, the replayed table on a standby);
 //! - `seq_in_place`: advance an existing counter in the calling backend;
 //! - `guard`: the drop guard (`object_access_hook`);
+//! - `logged`: the extension's tables stay logged (`ProcessUtility_hook`);
 //! - `restore`: rows restored underneath the worker.
 //!
 //! May use: `shmem` and `pg`. Used by: `sql`. Never used by the worker, which has a side of
@@ -17,6 +18,7 @@
 pub mod fleet;
 pub mod guard;
 pub mod holding;
+pub mod logged;
 pub mod member;
 pub mod requests;
 pub mod resolved;

@@ -48,6 +48,38 @@ pub(super) fn wait_on_latch<T>(
     }
 }
 
+/// As [`submit`], but a call refused only because another transaction held the table or a
+/// row it needs (every reply `Busy` or not granted: nothing was handed out) is queued again,
+/// as an `INSERT` or `UPDATE` would wait for the lock: a brief lock (pg_repack's swap, a quick
+/// `LOCK TABLE`) delays the call instead of failing it. The wait is bounded by the caller's
+/// `lock_timeout` if it has one, else by `tsoracle.extension_timeout_ms`, on the monotonic
+/// clock; `statement_timeout` and a cancel end it as they end any wait.
+pub fn submit_waiting_for_locks(requests: &[Request]) -> Result<Vec<Reply>, TsoError> {
+    // SAFETY: a plain read of the backend's own lock_timeout setting.
+    let lock_timeout = i64::from(unsafe { pg_sys::LockTimeout });
+    let bound_ms = if lock_timeout > 0 { lock_timeout } else { guc::extension_timeout_ms() };
+    let started = Instant::now();
+    loop {
+        let replies = submit(requests)?;
+        let busy = replies.iter().any(|r| r.code == ReplyCode::Busy);
+        let granted = replies.iter().any(|r| r.code == ReplyCode::Ok);
+        if !busy || granted || started.elapsed().as_millis() as i64 >= bound_ms {
+            return Ok(replies);
+        }
+        // SAFETY: waiting on our own latch (only its owner may wait on it), as above.
+        unsafe {
+            pg_sys::ResetLatch(pg_sys::MyLatch);
+            pg_sys::WaitLatch(
+                pg_sys::MyLatch,
+                (pg_sys::WL_LATCH_SET | pg_sys::WL_TIMEOUT | pg_sys::WL_EXIT_ON_PM_DEATH) as i32,
+                10,
+                pg_sys::PG_WAIT_EXTENSION,
+            )
+        };
+        pg_sys::check_for_interrupts!();
+    }
+}
+
 /// Hand `requests` to the worker as one call (all in the same group commit) and wait for
 /// its answers. The call goes into this backend's own queue entry, so no other backend can
 /// keep it from being queued. Waiting is bounded by `tsoracle.extension_timeout_ms`; a

@@ -18,7 +18,8 @@
 //! is bounded), check the table's preconditions (`pg::inplace::preconditions`), find the row
 //! through the primary key with a fresh snapshot, lock its buffer exclusively, check that the
 //! line pointer still holds the live, unlocked version for this key, write, log, unlock both,
-//! look again for a logical slot made meanwhile (`pg::inplace::decoding_slot`), then flush
+//! look again for a logical slot made meanwhile (`pg::inplace::decoding_slot`) and for a
+//! handover requested meanwhile, then flush
 //! the record and wait for synchronous standbys as a commit would. Only then is the block
 //! returned. A crash before the flush loses the record, and its block was never
 //! returned; a later block's flush covers every earlier record.
@@ -26,13 +27,14 @@
 //! Anything unusual goes to the worker instead ([`try_advance`] returns `None`): another
 //! database, a key that does not exist yet, a role that may not use the key (the worker
 //! reports it), configured synchronous standbys (the worker's wait for them is bounded),
-//! strict mode, `wal_level = minimal`, a table locked by someone else, a table whose trigger
-//! is not `ENABLE ALWAYS`, with a trigger that is not the extension's own (pg_repack's, a
-//! user's), made or rewritten by the caller's own transaction, with an index or a generated
-//! column on the columns written, decoded by a logical slot or in a publication, a table whose
-//! shape is not the one this code reads, a row version that is not plainly live, a row another
-//! transaction has locked. A slot made between the check and the write sends the call to the
-//! worker after the write: that block is a gap, never returned.
+//! strict mode, `wal_level = minimal`, a table locked by someone else, a table that is not
+//! exactly as the extension installed it (`pg::installed`: any trigger, rule, index,
+//! constraint, policy or column of someone else's, a trigger not `ENABLE ALWAYS`, an
+//! unlogged table), made or rewritten by the caller's own transaction, any logical decoding
+//! that could see it or a publication, a row version that is not plainly live, a row another
+//! transaction has locked. A slot made between the check and the write sends the call to
+//! the worker after the write, and a handover requested then fails it: that block is a gap,
+//! never returned.
 
 use crate::pg::catalog::{counter_table, in_worker_database};
 use crate::pg::error::TsoError;
@@ -40,6 +42,7 @@ use crate::pg::guc;
 use crate::pg::inplace::{
     decoding_slot, make_durable, preconditions, row_free, with_table_locked, write_logged,
 };
+use crate::pg::installed::SEQ;
 use pgrx::pg_sys;
 use std::ffi::c_int;
 use tsoracle_core::row_page::counter_tuple;
@@ -94,11 +97,17 @@ pub fn try_advance(key: &str, count: u64) -> Result<Option<i64>, TsoError> {
     let Some(Some((start, lsn))) = written else {
         return Ok(None);
     };
-    // A logical slot created between the check and the write may not decode the write: the
-    // block is not returned (a gap), and the worker advances the counter past it as a row
-    // version, which the slot decodes.
+    // What can appear without a lock that conflicts with ours is looked at again now that
+    // the write is in the page. A logical slot created between the check and the write may
+    // not decode the write: the block is not returned (a gap), and the worker advances the
+    // counter past it as a row version, which the slot decodes. A handover requested
+    // meanwhile may already have been followed by a dump that read the page before the
+    // write: the block is a gap too, and the call fails as every later one does.
     if decoding_slot() {
         return Ok(None);
+    }
+    if crate::shmem::signals()?.handover_requested() {
+        return Err(TsoError::NotServing(crate::shmem::oracle::HANDED_OVER.into()));
     }
     #[cfg(feature = "clock-fault")]
     {
@@ -238,7 +247,12 @@ unsafe fn locate_and_write(rel: pg_sys::Relation, key: &str, count: u64) -> Opti
     let index = unsafe { expected_shape(rel) }?;
     // next (2) and updated_at (3) are written in place.
     // SAFETY: rel is open, inside the caller's transaction.
-    unsafe { preconditions(rel, &[2, 3]) }.ok()?;
+    unsafe { preconditions(rel, &SEQ) }.ok()?;
+    let pause = guc::test_seq_check_pause_ms();
+    if pause > 0 {
+        // SAFETY: a plain sleep in the calling backend (test builds only: 0 otherwise).
+        unsafe { pg_sys::pg_usleep((pause * 1000) as std::ffi::c_long) };
+    }
     // SAFETY: rd_rel is valid for an open relation.
     let (relid, relfilenode) = unsafe { ((*rel).rd_id, (*(*rel).rd_rel).relfilenode) };
     if let Some(row) = located(relid, relfilenode, key) {

@@ -8,8 +8,6 @@
 //! | `set_signal`       | `pqsignal`              | `pqsignal`              | `pqsignal_be` (the macro's target) |
 //! | `primary_key_index`| `RelationGetPrimaryKeyIndex(rel)` | same          | `…(rel, deferrable_ok)`    |
 //! | `tuple_desc_attr`  | `desc->attrs[i]`        | `desc->attrs[i]`        | `TupleDescAttr(desc, i)`   |
-//! | `index_covers`     | `INDEX_ATTR_BITMAP_ALL` (15); 16: `HOT_BLOCKING` ∪ `SUMMARIZED` | same as 16 | same as 16 |
-//! | `has_generated_columns` | `has_generated_stored` | same            | `… \|\| has_generated_virtual` |
 //! | `create_wait_event_set` | `(TopMemoryContext, n)` | `(NULL resource owner, n)` | same as 17 |
 //! | `file_new_in_transaction` | `rd_…RelfilenodeSubid` (15); 16: `rd_…RelfilelocatorSubid` | same as 16 | same as 16 |
 
@@ -99,69 +97,6 @@ pub unsafe fn tuple_desc_attr(
 ) -> *const pg_sys::FormData_pg_attribute {
     // SAFETY: the caller vouches for the descriptor and the index (which fits in an int).
     unsafe { pg_sys::TupleDescAttr(desc, i as std::ffi::c_int) }
-}
-
-/// Whether any index of `rel` (its key columns, expressions or predicate) uses column
-/// `attnum`. PostgreSQL 15 keeps one bitmap of them all; 16 split it in two (summarizing
-/// indexes, such as BRIN, apart).
-///
-/// # Safety
-/// `rel` must be an open relation, inside a transaction.
-#[cfg(feature = "pg15")]
-pub unsafe fn index_covers(rel: pg_sys::Relation, attnum: i16) -> bool {
-    let member = i32::from(attnum) - pg_sys::FirstLowInvalidHeapAttributeNumber;
-    // SAFETY: the caller vouches for the open relation; the bitmap is a palloc'd copy of the
-    // relcache's (a relcache lookup).
-    unsafe {
-        let all = pg_sys::RelationGetIndexAttrBitmap(
-            rel,
-            pg_sys::IndexAttrBitmapKind::INDEX_ATTR_BITMAP_ALL,
-        );
-        pg_sys::bms_is_member(member, all)
-    }
-}
-
-/// Whether any index of `rel` uses column `attnum` (16 and later: the HOT-blocking and the
-/// summarizing indexes' bitmaps).
-///
-/// # Safety
-/// `rel` must be an open relation, inside a transaction.
-#[cfg(any(feature = "pg16", feature = "pg17", feature = "pg18"))]
-pub unsafe fn index_covers(rel: pg_sys::Relation, attnum: i16) -> bool {
-    let member = i32::from(attnum) - pg_sys::FirstLowInvalidHeapAttributeNumber;
-    // SAFETY: the caller vouches for the open relation; each bitmap is a palloc'd copy of the
-    // relcache's (relcache lookups).
-    unsafe {
-        [
-            pg_sys::IndexAttrBitmapKind::INDEX_ATTR_BITMAP_HOT_BLOCKING,
-            pg_sys::IndexAttrBitmapKind::INDEX_ATTR_BITMAP_SUMMARIZED,
-        ]
-        .into_iter()
-        .any(|kind| pg_sys::bms_is_member(member, pg_sys::RelationGetIndexAttrBitmap(rel, kind)))
-    }
-}
-
-/// Whether a tuple descriptor has generated columns (stored; 18 adds virtual ones).
-///
-/// # Safety
-/// `desc` must be a valid tuple descriptor.
-#[cfg(any(feature = "pg15", feature = "pg16", feature = "pg17"))]
-pub unsafe fn has_generated_columns(desc: pg_sys::TupleDesc) -> bool {
-    // SAFETY: the caller vouches for the descriptor; constr is NULL or valid with it.
-    unsafe { !(*desc).constr.is_null() && (*(*desc).constr).has_generated_stored }
-}
-
-/// Whether a tuple descriptor has generated columns, stored or virtual (PostgreSQL 18).
-///
-/// # Safety
-/// `desc` must be a valid tuple descriptor.
-#[cfg(feature = "pg18")]
-pub unsafe fn has_generated_columns(desc: pg_sys::TupleDesc) -> bool {
-    // SAFETY: the caller vouches for the descriptor; constr is NULL or valid with it.
-    unsafe {
-        let constr = (*desc).constr;
-        !constr.is_null() && ((*constr).has_generated_stored || (*constr).has_generated_virtual)
-    }
 }
 
 /// A new wait event set for `nevents` events, for the process's life (until

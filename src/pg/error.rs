@@ -67,6 +67,10 @@ pub enum TsoError {
     #[error("cannot drop {what}: it holds the durable high-water of tsoracle, below which no timestamp may be issued again")]
     DropRefused { what: String, resume_ms: u64 },
 
+    /// `ALTER TABLE … SET UNLOGGED` of one of the extension's tables (`crate::caller::logged`).
+    #[error("cannot make table {0} unlogged: it holds what tsoracle has handed out, which a crash must not empty")]
+    UnloggedRefused(String),
+
     /// A lock the worker or the caller could not get within its bounded wait: another
     /// transaction (named) holds the key, the lease or the table. Retryable.
     #[error("{what} is locked by {}", .blocker.describe())]
@@ -137,7 +141,7 @@ impl TsoError {
             TsoError::OutcomeUnknown(_) => ERRCODE_T_R_STATEMENT_COMPLETION_UNKNOWN,
             TsoError::InsufficientPrivilege(_) => ERRCODE_INSUFFICIENT_PRIVILEGE,
             TsoError::SyncWaitCancelled(_) => ERRCODE_QUERY_CANCELED,
-            TsoError::DropRefused { .. } => ERRCODE_OBJECT_IN_USE,
+            TsoError::DropRefused { .. } | TsoError::UnloggedRefused(_) => ERRCODE_OBJECT_IN_USE,
             TsoError::PrepareRefused => ERRCODE_FEATURE_NOT_SUPPORTED,
             TsoError::WaitOnItself(_) => ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
             TsoError::Busy { .. } => ERRCODE_LOCK_NOT_AVAILABLE,
@@ -185,6 +189,10 @@ impl TsoError {
             ),
             TsoError::WaitOnItself(_) => Some(
                 "Wait for the resolved timestamp in another transaction, after this one has committed."
+                    .into(),
+            ),
+            TsoError::UnloggedRefused(_) => Some(
+                "An unlogged table is emptied by a crash, and the counters, leases and high-water it held would start again from nothing: tsoracle could hand out again what it already returned. Keep the extension's tables logged."
                     .into(),
             ),
             TsoError::DropRefused { resume_ms, .. } => Some(format!(

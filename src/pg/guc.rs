@@ -29,6 +29,8 @@ static IN_PLACE_IGNORE_SLOTS: GucSetting<Option<CString>> =
 #[cfg(feature = "clock-fault")]
 static TEST_SEQ_PAUSE_MS: GucSetting<i32> = GucSetting::<i32>::new(0);
 #[cfg(feature = "clock-fault")]
+static TEST_SEQ_CHECK_PAUSE_MS: GucSetting<i32> = GucSetting::<i32>::new(0);
+#[cfg(feature = "clock-fault")]
 static TEST_SEQ_IN_PLACE_UNDER_SYNC: GucSetting<bool> = GucSetting::<bool>::new(false);
 #[cfg(feature = "clock-fault")]
 static TEST_CLOCK_OFFSET_MS: GucSetting<i32> = GucSetting::<i32>::new(0);
@@ -241,6 +243,17 @@ pub fn define() {
         GucFlags::UNIT_MS,
     );
     #[cfg(feature = "clock-fault")]
+    GucRegistry::define_int_guc(
+        c"tsoracle.test_seq_check_pause_ms",
+        c"Test builds only: how long tso_seq() pauses in place between its checks of the table and its write.",
+        c"Lets a test make a slot, a publication or a handover inside that window.",
+        &TEST_SEQ_CHECK_PAUSE_MS,
+        0,
+        600_000,
+        GucContext::Suset,
+        GucFlags::UNIT_MS,
+    );
+    #[cfg(feature = "clock-fault")]
     GucRegistry::define_string_guc(
         c"tsoracle.test_worker_hold_key",
         c"Test builds only: the worker holds every group that names this sequence key, mid-transaction, until the setting changes.",
@@ -407,6 +420,15 @@ pub fn test_high_water_pause_ms() -> u64 {
 #[cfg(feature = "clock-fault")]
 pub fn test_seq_pause_ms() -> u64 {
     TEST_SEQ_PAUSE_MS.get().max(0) as u64
+}
+
+/// Test builds: how long `tso_seq`'s in-place path pauses between its checks and its write
+/// (0 in other builds).
+pub fn test_seq_check_pause_ms() -> u64 {
+    #[cfg(feature = "clock-fault")]
+    return TEST_SEQ_CHECK_PAUSE_MS.get().max(0) as u64;
+    #[cfg(not(feature = "clock-fault"))]
+    0
 }
 
 /// Test builds: whether `tso_seq` may advance in place under synchronous replication.

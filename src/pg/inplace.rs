@@ -14,17 +14,17 @@
 //!   pg_repack's swap, `ALTER TABLE`), `CREATE TRIGGER` and `CREATE INDEX`; its acquisition
 //!   reads the invalidations of everything that committed before it, so the relcache entry
 //!   read under it is current, and no file is dropped under the write.
-//! - [`preconditions`]: its `BEFORE UPDATE` trigger (which locks a row before an MVCC writer
-//!   computes what it writes, and refuses a lowered value) fires in every session (`ENABLE
-//!   ALWAYS`, so also under `session_replication_role = replica`, as logical apply workers
-//!   run); no trigger but the extension's own (pg_repack's log trigger, a user's audit trigger
-//!   would miss the write); the file was not made by the open transaction (its abort would
-//!   throw the write away); no index or generated column covers the columns written (an
-//!   in-place write updates no index); no logical slot decodes it ([`decoding_slot`]); no
-//!   publication publishes its updates.
-//! - [`decoding_slot`] again after the write: a slot is created without any lock on the
-//!   table, so one created between the check and the write makes the write untrusted (the
-//!   caller then takes the row-version path too).
+//! - [`preconditions`]: the table is exactly as the extension installed it, compared as a
+//!   whole (`pg::installed`: columns, constraints, indexes, triggers — its own `BEFORE
+//!   UPDATE` trigger, which locks a row before an MVCC writer computes what it writes, `ENABLE
+//!   ALWAYS` —, rules, policies, persistence), so DDL nobody listed turns the path off too;
+//!   the file was not made by the open transaction (its abort would throw the write away);
+//!   no logical decoding could see it ([`decoding_slot`]: any logical slot of the database,
+//!   whatever its plugin, and any standby known to decode); no publication publishes it.
+//! - [`decoding_slot`] again after the write, and the caller's own checks that need no lock
+//!   (a handover): a slot is created without any lock on the table, so one created between
+//!   the check and the write makes the write untrusted (the caller then takes the row-version
+//!   path too, and what it wrote in place is a gap).
 //! - [`row_free`]: under the buffer lock, the row's `xmin` committed and no running
 //!   transaction holds a lock on it.
 //! - [`write_logged`]: the new values stored, each with one aligned 8-byte store (a reader
@@ -36,8 +36,9 @@
 //!   `synchronous_commit = on` would be, before anything is served from it.
 
 use super::compat;
+use super::installed::Installed;
 use pgrx::pg_sys;
-use std::ffi::{c_int, CStr};
+use std::ffi::c_int;
 use std::sync::atomic::{AtomicI64, Ordering};
 use tsoracle_core::row_page::{generic_fragment, Xmax};
 use tsoracle_core::seq::may_return_after_sync_wait;
@@ -45,35 +46,16 @@ use tsoracle_core::seq::may_return_after_sync_wait;
 /// Why a table may not be written in place right now (its writes then take the MVCC path).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Refusal {
-    /// Its `BEFORE UPDATE` trigger is missing, or not `ENABLE ALWAYS`.
-    Trigger,
-    /// A trigger that is not the extension's own (pg_repack's, a user's): it must see every
-    /// change as a row version.
-    Followed,
+    /// The table is not exactly as the extension installed it (`pg::installed`): a trigger,
+    /// rule, index, constraint, policy, column or persistence of someone else's.
+    NotAsInstalled,
     /// The open transaction created the table or gave it a new file.
     NewFile,
-    /// An index covers a column written in place.
-    Indexed,
-    /// A generated column: it would not be recomputed.
-    Generated,
-    /// A logical replication slot of this database may decode the table.
+    /// A logical replication slot may decode the table ([`decoding_slot`]).
     Decoded,
     /// A publication publishes its updates.
     Published,
 }
-
-/// The extension's own triggers on its tables (sql/finalize.sql), each running a function of
-/// the table's own schema: none of them needs to see an in-place write.
-const OWN_TRIGGERS: [&CStr; 5] = [
-    c"keep_what_was_issued",
-    c"keep_what_was_issued_delete",
-    c"keep_what_was_issued_truncate",
-    c"merge_restored_row",
-    c"merge_replicated_row",
-];
-
-/// The guarding trigger, which must fire `ALWAYS` before every `UPDATE`.
-const GUARD: &CStr = c"keep_what_was_issued";
 
 /// Lock table `relid` `ROW EXCLUSIVE` without waiting and run `f` under the lock, then
 /// release it; `None` if the lock is not free now (a rewrite, a `CREATE INDEX` or
@@ -92,65 +74,31 @@ pub fn with_table_locked<T>(relid: pg_sys::Oid, f: impl FnOnce() -> T) -> Option
     Some(result)
 }
 
-/// Whether `rel` may be written in place at `written` (attribute numbers, 1-based).
+/// Whether `rel` may be written in place: exactly as the extension installed `table`
+/// (`pg::installed`, which reads the invalidations of everything committed before), its file
+/// not new in this transaction, no logical decoding that could see it, in no publication.
 ///
 /// # Safety
 /// `rel` is an open relation, locked by [`with_table_locked`], inside a transaction.
-pub unsafe fn preconditions(rel: pg_sys::Relation, written: &[i16]) -> Result<(), Refusal> {
-    // SAFETY: the trigger descriptor, tuple descriptor and relcache caches belong to the open
-    // relation and stay valid while it is open; each pointer is checked before it is read.
-    unsafe {
-        let schema = (*(*rel).rd_rel).relnamespace;
-        let triggers = (*rel).trigdesc;
-        let all: &[pg_sys::Trigger] = if triggers.is_null() || (*triggers).triggers.is_null() {
-            &[]
-        } else {
-            std::slice::from_raw_parts(
-                (*triggers).triggers,
-                usize::try_from((*triggers).numtriggers).unwrap_or(0),
-            )
-        };
-        let name = |t: &pg_sys::Trigger| (!t.tgname.is_null()).then(|| CStr::from_ptr(t.tgname));
-        let wanted = (pg_sys::TRIGGER_TYPE_ROW
-            | pg_sys::TRIGGER_TYPE_BEFORE
-            | pg_sys::TRIGGER_TYPE_UPDATE) as i16;
-        let guarded = all.iter().any(|t| {
-            name(t) == Some(GUARD)
-                && t.tgtype & wanted == wanted
-                && t.tgenabled as u8 == pg_sys::TRIGGER_FIRES_ALWAYS
-        });
-        if !guarded {
-            return Err(Refusal::Trigger);
-        }
-        // Any other trigger that can fire (a disabled one is enabled only by an ALTER TABLE,
-        // which the table lock excludes); internal ones are foreign keys' checks, which read
-        // no counter.
-        let followed = all.iter().any(|t| {
-            let own = name(t).is_some_and(|n| OWN_TRIGGERS.contains(&n))
-                && pg_sys::get_func_namespace(t.tgfoid) == schema;
-            !own && !t.tgisinternal && t.tgenabled as u8 != pg_sys::TRIGGER_DISABLED
-        });
-        if followed {
-            return Err(Refusal::Followed);
-        }
-        if compat::file_new_in_transaction(rel) {
-            return Err(Refusal::NewFile);
-        }
-        if compat::has_generated_columns((*rel).rd_att) {
-            return Err(Refusal::Generated);
-        }
-        if written.iter().any(|&attnum| compat::index_covers(rel, attnum)) {
-            return Err(Refusal::Indexed);
-        }
+pub unsafe fn preconditions(rel: pg_sys::Relation, table: &Installed) -> Result<(), Refusal> {
+    // SAFETY: the caller's contract.
+    if !unsafe { super::installed::as_installed(rel, table) } {
+        return Err(Refusal::NotAsInstalled);
+    }
+    // SAFETY: the caller's contract: an open relation.
+    if unsafe { compat::file_new_in_transaction(rel) } {
+        return Err(Refusal::NewFile);
     }
     if decoding_slot() {
         return Err(Refusal::Decoded);
     }
-    // SAFETY: as above: the open relation's publication descriptor, built into a local.
+    // SAFETY: the open relation's publication descriptor (cached in its relcache entry),
+    // built into a local.
     unsafe {
         let mut publications: pg_sys::PublicationDesc = std::mem::zeroed();
         pg_sys::RelationBuildPublicationDesc(rel, &mut publications);
-        if publications.pubactions.pubupdate {
+        let actions = publications.pubactions;
+        if actions.pubinsert || actions.pubupdate || actions.pubdelete || actions.pubtruncate {
             return Err(Refusal::Published);
         }
     }
@@ -161,17 +109,27 @@ pub unsafe fn preconditions(rel: pg_sys::Relation, written: &[i16]) -> Result<()
 /// lwlock.h, so no binding).
 const REPLICATION_SLOT_CONTROL_LOCK: usize = 37;
 
-/// Whether a logical replication slot of this database may decode the extension's tables:
-/// any slot of this database whose output plugin is not `pgoutput` (which sends only the
-/// tables of the publications its subscriber names: [`Refusal::Published`] covers those),
-/// unless `tsoracle.in_place_ignore_slots` names it. A slot still being created, whose plugin
-/// is not recorded yet, counts.
+/// Whether logical decoding that this server can know of may see the extension's tables:
+///
+/// - any logical slot of this database, whatever its plugin (a `pgoutput` slot too: its
+///   publications are named by its subscriber, not recorded in the slot, and a copy of it,
+///   `pg_copy_logical_replication_slot`, may decode with any plugin from the point the
+///   original had reached), unless `tsoracle.in_place_ignore_slots` names it;
+/// - any physical slot with a `catalog_xmin`: a standby that streams through it (with
+///   `hot_standby_feedback`) has logical slots of its own, which decode what it replays.
+///
+/// A slot still being created counts. What the primary cannot know: a standby's slots
+/// before its feedback arrives, or a standby that streams without a physical slot
+/// (docs/operations/maintenance.md, "Tools that follow a table": decoding on a standby needs
+/// `tsoracle.seq_in_place = off` on the primary).
 pub fn decoding_slot() -> bool {
     // SAFETY: ReplicationSlotCtl is set up in shared memory with max_replication_slots
     // entries (NULL only before that); `in_use` and `data.database` change only under
-    // ReplicationSlotControlLock held exclusively, read here under it in shared mode. The
-    // plugin's name is read within its NAMEDATALEN bytes (a name being written shows as empty
-    // or partial, which never equals "pgoutput" unless that is the name being written).
+    // ReplicationSlotControlLock held exclusively, read here under it in shared mode. A
+    // physical slot's catalog_xmin is a 4-byte aligned value its walsender sets under the
+    // slot's spinlock: read volatile, never torn (a stale read is older by one feedback
+    // message, as the feedback itself is). The slot's name is read within its NAMEDATALEN
+    // bytes.
     unsafe {
         let ctl = pg_sys::ReplicationSlotCtl;
         let count = usize::try_from(pg_sys::max_replication_slots).unwrap_or(0);
@@ -183,13 +141,15 @@ pub fn decoding_slot() -> bool {
         let slots = std::slice::from_raw_parts((*ctl).replication_slots.as_ptr(), count);
         let database = pg_sys::MyDatabaseId;
         let found = slots.iter().any(|slot| {
-            if !slot.in_use || slot.data.database != database {
+            if !slot.in_use {
                 return false;
             }
-            let plugin = std::ptr::read_volatile(&raw const slot.data.plugin.data);
-            let plugin = name_bytes(&plugin);
-            let name = name_bytes(&slot.data.name.data);
-            plugin != b"pgoutput" && !super::guc::in_place_ignores_slot(name)
+            if slot.data.database == pg_sys::InvalidOid {
+                let catalog_xmin = std::ptr::read_volatile(&raw const slot.effective_catalog_xmin);
+                return catalog_xmin != pg_sys::InvalidTransactionId;
+            }
+            slot.data.database == database
+                && !super::guc::in_place_ignores_slot(name_bytes(&slot.data.name.data))
         });
         pg_sys::LWLockRelease(lock);
         found

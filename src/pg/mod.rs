@@ -18,6 +18,7 @@ pub mod compat;
 pub mod error;
 pub mod guc;
 pub mod inplace;
+pub mod installed;
 pub mod libpq;
 pub mod locks;
 pub mod replica;

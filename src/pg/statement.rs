@@ -72,7 +72,7 @@ unsafe extern "C-unwind" {
     fn raw_standard_executor_start(query_desc: *mut pg_sys::QueryDesc, eflags: c_int);
     #[link_name = "standard_ProcessUtility"]
     #[allow(clippy::too_many_arguments)]
-    fn raw_standard_process_utility(
+    pub(crate) fn raw_standard_process_utility(
         pstmt: *mut pg_sys::PlannedStmt,
         query_string: *const c_char,
         read_only_tree: bool,

@@ -2,7 +2,7 @@
 //! `tso_seq` on an existing key of the worker's database advances it in place
 //! (`seq_inplace`); every other call is a request to the worker, which group-commits them.
 
-use crate::caller::requests::{check_storable, reply_error, submit};
+use crate::caller::requests::{check_storable, reply_error, submit, submit_waiting_for_locks};
 use crate::caller::window::ensure_primary;
 use crate::pg::error::{refuse_in_parallel_mode, OrReport, TsoError};
 use crate::pg::guc;
@@ -50,7 +50,9 @@ pub(super) fn advance(key: Option<&str>, count: Option<i32>) -> Result<i64, TsoE
     if let Some(start) = crate::caller::seq_in_place::try_advance(key, count)? {
         return Ok(start);
     }
-    start_of(key, count, one_reply(Request::new(RequestKind::SeqAdvance, key, count))?)
+    let replies = submit_waiting_for_locks(&[Request::new(RequestKind::SeqAdvance, key, count)])?;
+    let reply = replies.first().copied().ok_or_else(|| TsoError::Internal("no reply".into()))?;
+    start_of(key, count, reply)
 }
 
 /// Durably advance counter `key` by `count`; returns the value before the advance, so the
@@ -104,7 +106,7 @@ pub(super) fn batch(
         requests.push(Request::new(RequestKind::SeqAdvance, key, checked_count(*count)?));
     }
     ensure_primary("advance a sequence")?;
-    let replies = submit(&requests)?;
+    let replies = submit_waiting_for_locks(&requests)?;
     requests
         .iter()
         .zip(replies)

@@ -21,6 +21,9 @@ enum ExtensionState {
     Version(String),
     /// At our version, but the tables in schema tsoracle are not (all) the extension's.
     Foreign,
+    /// Some of its tables are unlogged (made so while the library was not loaded: it refuses
+    /// the change, `caller::logged`), so a crash would empty them.
+    Unlogged(String),
     Ready,
 }
 
@@ -38,7 +41,15 @@ fn extension_state() -> ExtensionState {
                           WHERE d.classid = 'pg_catalog.pg_class'::pg_catalog.regclass \
                             AND d.refclassid = 'pg_catalog.pg_extension'::pg_catalog.regclass \
                             AND d.refobjid = e.oid AND d.deptype = 'e' \
-                            AND n.nspname = 'tsoracle' AND c.relname = ANY ($1)) \
+                            AND n.nspname = 'tsoracle' AND c.relname = ANY ($1)), \
+                        (SELECT pg_catalog.string_agg(c.relname::pg_catalog.text, ', ' \
+                                                      ORDER BY c.relname) \
+                           FROM pg_catalog.pg_depend d \
+                           JOIN pg_catalog.pg_class c ON c.oid = d.objid \
+                          WHERE d.classid = 'pg_catalog.pg_class'::pg_catalog.regclass \
+                            AND d.refclassid = 'pg_catalog.pg_extension'::pg_catalog.regclass \
+                            AND d.refobjid = e.oid AND d.deptype = 'e' \
+                            AND c.relkind = 'r' AND c.relpersistence <> 'p') \
                    FROM pg_catalog.pg_extension e WHERE e.extname = 'tsoracle'",
                 None,
                 &[TABLES.map(String::from).to_vec().into()],
@@ -46,8 +57,12 @@ fn extension_state() -> ExtensionState {
             if rows.is_empty() {
                 return Ok(None);
             }
-            let (version, members) = rows.first().get_two::<String, i64>()?;
-            Ok::<_, pgrx::spi::Error>(Some((version.unwrap_or_default(), members.unwrap_or(0))))
+            let (version, members, unlogged) = rows.first().get_three::<String, i64, String>()?;
+            Ok::<_, pgrx::spi::Error>(Some((
+                version.unwrap_or_default(),
+                members.unwrap_or(0),
+                unlogged,
+            )))
         })
     });
     // A catalog read that failed (a lock held on a catalog past the worker's lock_timeout) is
@@ -61,8 +76,9 @@ fn extension_state() -> ExtensionState {
     };
     match found {
         Ok(None) => ExtensionState::Missing,
-        Ok(Some((version, _))) if version != EXTENSION_VERSION => ExtensionState::Version(version),
-        Ok(Some((_, members))) if members != TABLES.len() as i64 => ExtensionState::Foreign,
+        Ok(Some((version, ..))) if version != EXTENSION_VERSION => ExtensionState::Version(version),
+        Ok(Some((_, members, _))) if members != TABLES.len() as i64 => ExtensionState::Foreign,
+        Ok(Some((.., Some(unlogged)))) => ExtensionState::Unlogged(unlogged),
         Ok(Some(_)) => ExtensionState::Ready,
         Err(e) => {
             pgrx::warning!("tsoracle worker could not read pg_extension: {e}");
@@ -72,7 +88,8 @@ fn extension_state() -> ExtensionState {
 }
 
 /// Sleep until `CREATE EXTENSION tsoracle` (or `ALTER EXTENSION tsoracle UPDATE`) has made
-/// the extension in our database the version this library serves. False on shutdown.
+/// the extension in our database the version this library serves, with every table of it
+/// logged. False on shutdown.
 pub(super) fn wait_for_extension(signals: &Signals, database: &str) -> bool {
     let mut announced = None;
     loop {
@@ -86,6 +103,12 @@ pub(super) fn wait_for_extension(signals: &Signals, database: &str) -> bool {
                 Phase::OutdatedSchema,
                 format!(
                     "tsoracle: the extension in database \"{database}\" is at version {v}, this library serves {EXTENSION_VERSION}; run ALTER EXTENSION tsoracle UPDATE"
+                ),
+            ),
+            ExtensionState::Unlogged(tables) => (
+                Phase::Refused,
+                format!(
+                    "the extension's tables {tables} in database \"{database}\" are unlogged, so a crash would empty them; the worker does not serve from them: run ALTER TABLE tsoracle.<table> SET LOGGED for each"
                 ),
             ),
             ExtensionState::Foreign => (

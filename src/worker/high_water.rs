@@ -10,10 +10,11 @@
 //! EXCLUSIVE` lock, taken without waiting (`pg::inplace::with_table_locked`, as `tso_seq`'s
 //! in-place path does): no rewrite, `CREATE INDEX` or `CREATE TRIGGER` can commit in between.
 //! Otherwise — the lock not free, the row locked (`SELECT … FOR UPDATE`), any of
-//! `pg::inplace::preconditions` refused (a trigger that is not the extension's own, a logical
-//! slot that decodes the table, an index or a generated column on its columns), or a slot
-//! created during the write — the MVCC `UPDATE` is used, with the worker's short
-//! `lock_timeout`, and a failure leaves the window where it is until the next tick.
+//! `pg::inplace::preconditions` refused (the table not exactly as the extension installed it,
+//! logical decoding that could see it), `tsoracle.seq_in_place` off in the server's
+//! configuration, or a slot created during the write — the MVCC `UPDATE` is used, with the
+//! worker's short `lock_timeout`, and a failure leaves the window where it is until the next
+//! tick.
 //!
 //! When the table is in a publication, the in-place write is followed by the MVCC update as
 //! well, so that a subscriber (a blue/green switchover) receives every raise.
@@ -23,6 +24,7 @@ use crate::pg::guc;
 use crate::pg::inplace::{
     decoding_slot, make_durable, preconditions, row_free, with_table_locked, write_logged, Refusal,
 };
+use crate::pg::installed::HIGH_WATER;
 use crate::pg::xact::{subtransaction, Caught};
 use crate::shmem::ORACLE;
 use pgrx::prelude::*;
@@ -186,7 +188,9 @@ unsafe fn expected_shape(rel: pg_sys::Relation) -> bool {
 
 fn in_place(plan: Plan<'_>) -> InPlace {
     // SAFETY: a process-local global set from the server's configuration.
-    if unsafe { pg_sys::wal_level } < pg_sys::WalLevel::WAL_LEVEL_REPLICA as c_int {
+    if unsafe { pg_sys::wal_level } < pg_sys::WalLevel::WAL_LEVEL_REPLICA as c_int
+        || !guc::seq_in_place()
+    {
         return InPlace::NotHere;
     }
     let Some(relid) = table() else {
@@ -243,7 +247,7 @@ enum Written {
 unsafe fn write_rel(rel: pg_sys::Relation, relid: pg_sys::Oid, plan: Plan<'_>) -> Written {
     // SAFETY: as the function's contract; rd_rel is valid for the open relation.
     let (shaped, refusal, relfilenode) = unsafe {
-        (expected_shape(rel), preconditions(rel, &[2, 3, 4]), (*(*rel).rd_rel).relfilenode)
+        (expected_shape(rel), preconditions(rel, &HIGH_WATER), (*(*rel).rd_rel).relfilenode)
     };
     let published = match refusal {
         _ if !shaped => return Written::NotHere,

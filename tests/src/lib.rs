@@ -14,6 +14,7 @@
 //!   promotion (and the primary pointer and mixed load, re-exported from [`load`]).
 //! * [`seqlease`]: dense sequences and leases: their calls, the group-commit counters,
 //!   `ALTER SYSTEM` + reload (and the sequence load, re-exported from [`load`]).
+//! * [`decoding`]: what a `test_decoding` slot decodes of the extension's tables.
 //! * [`backup`]: `pg_dump`/`pg_restore`/`psql -f` runners (as the postgres OS user), WAL
 //!   archiving and point-in-time recovery, a prober that watches a server during a restore.
 //! * [`tso`]: helpers for the extension's SQL surface (`tso_status()`, `wait_serving`, the
@@ -28,6 +29,7 @@
 
 pub mod backup;
 pub mod cluster;
+pub mod decoding;
 pub mod error;
 pub mod exporter;
 pub mod fleet;

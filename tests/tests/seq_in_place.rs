@@ -457,7 +457,8 @@ fn over_older_extension_sql_every_call_goes_to_the_worker() {
 
 /// The in-place path checks its preconditions on every call (docs/sequences.md): with the
 /// trigger `keep_what_was_issued` disabled, or enabled for origin sessions only, with an index
-/// on `next` or `updated_at`, with the table in a publication, every call goes to the worker
+/// on `next` or `updated_at`, a rule, a constraint or a policy of someone else's, with the table
+/// in a publication, every call goes to the worker
 /// (its group commits move) and the blocks still follow on; with each undone, calls advance in
 /// place again. A superuser who sets `session_replication_role = replica` (as logical apply
 /// workers run) cannot lower a counter: the trigger fires always, and a replicated update
@@ -483,6 +484,22 @@ fn the_in_place_path_checks_its_preconditions_on_every_call() {
         (
             "CREATE INDEX pre_updated ON tsoracle.seq (key) WHERE updated_at > '2000-01-01'",
             "DROP INDEX tsoracle.pre_updated",
+        ),
+        (
+            "CREATE RULE pre_rule AS ON UPDATE TO tsoracle.seq DO ALSO NOTIFY pre",
+            "DROP RULE pre_rule ON tsoracle.seq",
+        ),
+        (
+            "ALTER TABLE tsoracle.seq ADD CONSTRAINT pre_check CHECK (next < 1000000)",
+            "ALTER TABLE tsoracle.seq DROP CONSTRAINT pre_check",
+        ),
+        (
+            "CREATE POLICY pre_policy ON tsoracle.seq USING (true)",
+            "DROP POLICY pre_policy ON tsoracle.seq",
+        ),
+        (
+            "ALTER TABLE tsoracle.seq ADD COLUMN pre_note text",
+            "ALTER TABLE tsoracle.seq DROP COLUMN pre_note",
         ),
         ("CREATE PUBLICATION pre_pub FOR TABLE tsoracle.seq", "DROP PUBLICATION pre_pub"),
         ("CREATE PUBLICATION pre_all FOR ALL TABLES", "DROP PUBLICATION pre_all"),

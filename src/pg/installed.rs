@@ -1,0 +1,428 @@
+//! Whether one of the extension's tables is exactly as the extension installed it — the first
+//! condition of an in-place write (`pg::inplace::preconditions`).
+//!
+//! An in-place write makes no row version, fires no trigger or rule, updates no index and
+//! checks no constraint. Rather than refusing the readers someone thought of (a trigger, an
+//! index on the columns written), the table is described as a whole from its relcache entry —
+//! its kind, access method and persistence, whether it has rules, row security or a type;
+//! every column (name, type, `NOT NULL`, default, generated, identity, inherited from a
+//! parent); every `CHECK` constraint as PostgreSQL deparses it; every index as
+//! `pg_get_indexdef` prints it; every trigger as `pg_get_triggerdef` prints it, and whether it
+//! fires; every policy — and that description must equal the one the extension installs, to
+//! the letter. Any DDL that changes one of these, thought of or not, turns the in-place path
+//! off until it is undone; the table's other writers are unaffected. (A dropped column is left
+//! out: nothing reads or writes it.)
+//!
+//! The description is worked out once per backend and table, and again after any relcache
+//! invalidation of the table (PostgreSQL sends one for every change to what is described:
+//! `CacheRegisterRelcacheCallback`), so a call pays for it only after DDL. The callers hold
+//! the table `ROW EXCLUSIVE` from before the check until after the write, which every DDL
+//! that changes the description conflicts with (the one that does not, `CREATE INDEX
+//! CONCURRENTLY`, enters its index in the catalog and then waits for that lock to go).
+
+use pgrx::pg_sys;
+use std::ffi::{c_char, CStr};
+use std::fmt::Write;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+
+/// One of the tables written in place, with its description as installed.
+pub struct Installed {
+    /// The description `describe` gives of the table as the extension installs it.
+    description: &'static str,
+    /// The relation last found as installed by this backend (0: none since the last
+    /// invalidation of it).
+    verified: AtomicU32,
+}
+
+/// `tsoracle.seq`, as `sql/schema.sql` and `sql/finalize.sql` make it (and the upgrade
+/// chain from 0.1.0: the same objects).
+pub static SEQ: Installed = Installed {
+    description: "\
+relation kind r, heap, persistence p, rules false, row security false/false, partition false, typed false
+column key text not null
+column next bigint not null
+column updated_at timestamp with time zone not null default now()
+column owner regrole
+check seq_key_check valid inherited ((octet_length(key) >= 1) AND (octet_length(key) <= 128))
+check seq_next_check valid inherited (next >= 0)
+index CREATE UNIQUE INDEX seq_pkey ON tsoracle.seq USING btree (key) primary
+trigger CREATE TRIGGER keep_what_was_issued BEFORE UPDATE ON tsoracle.seq FOR EACH ROW WHEN (((new.next < old.next) OR (new.key IS DISTINCT FROM old.key))) EXECUTE FUNCTION tsoracle.keep_what_was_issued() fires A internal false
+trigger CREATE TRIGGER keep_what_was_issued_delete BEFORE DELETE ON tsoracle.seq FOR EACH ROW EXECUTE FUNCTION tsoracle.keep_what_was_issued() fires A internal false
+trigger CREATE TRIGGER keep_what_was_issued_truncate BEFORE TRUNCATE ON tsoracle.seq FOR EACH STATEMENT EXECUTE FUNCTION tsoracle.keep_what_was_issued() fires A internal false
+trigger CREATE TRIGGER merge_replicated_row BEFORE UPDATE ON tsoracle.seq FOR EACH ROW EXECUTE FUNCTION tsoracle.merge_replicated_row() fires R internal false
+trigger CREATE TRIGGER merge_restored_row BEFORE INSERT ON tsoracle.seq FOR EACH ROW EXECUTE FUNCTION tsoracle.merge_restored_row() fires A internal false
+policies 0
+",
+    verified: AtomicU32::new(0),
+};
+
+/// `tsoracle.high_water`, as `sql/schema.sql` and `sql/finalize.sql` make it.
+pub static HIGH_WATER: Installed = Installed {
+    description: "\
+relation kind r, heap, persistence p, rules false, row security false/false, partition false, typed false
+column id boolean not null default true
+column physical_ms bigint not null
+column epoch bigint not null
+column updated_at timestamp with time zone not null default now()
+check high_water_epoch_check valid inherited (epoch >= 0)
+check high_water_id_check valid inherited id
+check high_water_physical_ms_check valid inherited (physical_ms >= 0)
+index CREATE UNIQUE INDEX high_water_pkey ON tsoracle.high_water USING btree (id) primary
+trigger CREATE TRIGGER keep_what_was_issued BEFORE UPDATE ON tsoracle.high_water FOR EACH ROW WHEN (((new.physical_ms < old.physical_ms) OR (new.epoch < old.epoch) OR (new.id IS DISTINCT FROM old.id))) EXECUTE FUNCTION tsoracle.keep_what_was_issued() fires A internal false
+trigger CREATE TRIGGER keep_what_was_issued_delete BEFORE DELETE ON tsoracle.high_water FOR EACH ROW EXECUTE FUNCTION tsoracle.keep_what_was_issued() fires A internal false
+trigger CREATE TRIGGER keep_what_was_issued_truncate BEFORE TRUNCATE ON tsoracle.high_water FOR EACH STATEMENT EXECUTE FUNCTION tsoracle.keep_what_was_issued() fires A internal false
+trigger CREATE TRIGGER merge_replicated_row BEFORE UPDATE ON tsoracle.high_water FOR EACH ROW EXECUTE FUNCTION tsoracle.merge_replicated_row() fires R internal false
+trigger CREATE TRIGGER merge_restored_row BEFORE INSERT ON tsoracle.high_water FOR EACH ROW EXECUTE FUNCTION tsoracle.merge_restored_row() fires A internal false
+policies 0
+",
+    verified: AtomicU32::new(0),
+};
+
+/// Whether this backend has registered its relcache callback.
+static REGISTERED: AtomicBool = AtomicBool::new(false);
+/// Relcache invalidations this backend has processed (of any table): a description worked
+/// out while one arrived is not remembered.
+static INVALIDATIONS: AtomicU64 = AtomicU64::new(0);
+
+/// Forget every verdict about `relid` (every verdict, for `InvalidOid`: a reset).
+unsafe extern "C-unwind" fn invalidated(_arg: pg_sys::Datum, relid: pg_sys::Oid) {
+    INVALIDATIONS.fetch_add(1, Ordering::Relaxed);
+    for table in [&SEQ, &HIGH_WATER] {
+        if relid == pg_sys::InvalidOid || table.verified.load(Ordering::Relaxed) == relid.to_u32() {
+            table.verified.store(0, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Whether `rel` is exactly as the extension installs `table`.
+///
+/// # Safety
+/// `rel` is an open relation, locked at least `ROW EXCLUSIVE` by this transaction.
+pub unsafe fn as_installed(rel: pg_sys::Relation, table: &Installed) -> bool {
+    if !REGISTERED.swap(true, Ordering::Relaxed) {
+        // SAFETY: once per process (a backend is single-threaded); the callback only touches
+        // this module's process-local atomics, so it may run at any invalidation.
+        unsafe { pg_sys::CacheRegisterRelcacheCallback(Some(invalidated), pg_sys::Datum::from(0)) };
+    }
+    // Invalidations that arrived without a lock acquisition of ours (the caller may have
+    // held the lock already, which skips reading them) are read now.
+    // SAFETY: inside a transaction; reads the shared invalidation queue.
+    unsafe { pg_sys::AcceptInvalidationMessages() };
+    // SAFETY: rd_id is valid for an open relation.
+    let relid = unsafe { (*rel).rd_id }.to_u32();
+    if table.verified.load(Ordering::Relaxed) == relid {
+        return true;
+    }
+    let before = INVALIDATIONS.load(Ordering::Relaxed);
+    // SAFETY: the caller's contract.
+    let described = unsafe { describe(rel) };
+    let installed = described == table.description;
+    if installed && INVALIDATIONS.load(Ordering::Relaxed) == before {
+        table.verified.store(relid, Ordering::Relaxed);
+    }
+    if !installed {
+        pgrx::debug1!(
+            "tsoracle: the table is not as installed, nothing is written in place:\n{described}"
+        );
+    }
+    installed
+}
+
+/// A palloc'd C string as Rust text ("" for NULL).
+///
+/// # Safety
+/// `s` is NULL or a NUL-terminated string.
+unsafe fn text(s: *const c_char) -> String {
+    if s.is_null() {
+        String::new()
+    } else {
+        // SAFETY: the caller's contract.
+        unsafe { CStr::from_ptr(s) }.to_string_lossy().into_owned()
+    }
+}
+
+/// The elements of a `List` of OIDs.
+///
+/// # Safety
+/// `list` is NULL (empty) or a valid `List` of OIDs.
+unsafe fn oids(list: *mut pg_sys::List) -> Vec<pg_sys::Oid> {
+    if list.is_null() {
+        return Vec::new();
+    }
+    // SAFETY: a valid List holds `length` cells from `elements`.
+    unsafe {
+        let cells = std::slice::from_raw_parts(
+            (*list).elements,
+            usize::try_from((*list).length).unwrap_or(0),
+        );
+        cells.iter().map(|cell| cell.oid_value).collect()
+    }
+}
+
+/// The table as its relcache entry and catalogs describe it, one line per fact, in a fixed
+/// order (columns by number, the rest by name).
+///
+/// # Safety
+/// `rel` is an open relation, locked by this transaction.
+unsafe fn describe(rel: pg_sys::Relation) -> String {
+    // Deparsed with only pg_catalog on the search_path, so that the names PostgreSQL
+    // qualifies (a function, a type) come out the same in every session, whatever its own
+    // search_path; put back when done (an error on the way is undone by the transaction's
+    // abort, as for a function's SET clause).
+    // SAFETY: inside the caller's transaction; search_path is a USERSET setting; the strings
+    // are static and NUL-terminated.
+    let nest = unsafe {
+        let nest = pg_sys::NewGUCNestLevel();
+        pg_sys::set_config_option(
+            c"search_path".as_ptr(),
+            c"pg_catalog".as_ptr(),
+            pg_sys::GucContext::PGC_USERSET,
+            pg_sys::GucSource::PGC_S_SESSION,
+            pg_sys::GucAction::GUC_ACTION_SAVE,
+            true,
+            0,
+            false,
+        );
+        nest
+    };
+    // SAFETY: the caller's contract.
+    let out = unsafe { describe_here(rel) };
+    // SAFETY: ends the nesting level opened above, restoring the search_path.
+    unsafe { pg_sys::AtEOXact_GUC(true, nest) };
+    out
+}
+
+/// # Safety
+/// As [`describe`].
+unsafe fn describe_here(rel: pg_sys::Relation) -> String {
+    let mut out = String::new();
+    // SAFETY: rd_rel, rd_att, rd_rules and trigdesc belong to the open relation; each pointer
+    // is checked before it is read; the catalog lookups and deparsing run inside the caller's
+    // transaction and allocate in its memory context.
+    unsafe {
+        let form = &*(*rel).rd_rel;
+        let relid = (*rel).rd_id;
+        let _ = writeln!(
+            out,
+            "relation kind {}, {}, persistence {}, rules {}, row security {}/{}, partition {}, typed {}",
+            form.relkind as u8 as char,
+            if form.relam == pg_sys::HEAP_TABLE_AM_OID { "heap" } else { "other access method" },
+            form.relpersistence as u8 as char,
+            // Its rules as the relcache holds them (`relhasrules` stays set once a rule was
+            // dropped, until a VACUUM).
+            !(*rel).rd_rules.is_null(),
+            form.relrowsecurity,
+            form.relforcerowsecurity,
+            form.relispartition,
+            form.reloftype != pg_sys::InvalidOid,
+        );
+        let desc = (*rel).rd_att;
+        let constr = (*desc).constr;
+        let context = pg_sys::deparse_context_for(form.relname.data.as_ptr(), relid);
+        let deparse = |bin: *const c_char| -> String {
+            if bin.is_null() {
+                return String::new();
+            }
+            let node = pg_sys::stringToNode(bin).cast::<pg_sys::Node>();
+            text(pg_sys::deparse_expression(node, context, false, false))
+        };
+        let defaults: &[pg_sys::AttrDefault] = if constr.is_null() || (*constr).defval.is_null() {
+            &[]
+        } else {
+            std::slice::from_raw_parts((*constr).defval, usize::from((*constr).num_defval))
+        };
+        for i in 0..usize::try_from((*desc).natts).unwrap_or(0) {
+            let attr = &*super::compat::tuple_desc_attr(desc, i);
+            // A dropped column is invisible to every reader and writer.
+            if attr.attisdropped {
+                continue;
+            }
+            let _ = write!(
+                out,
+                "column {} {}",
+                text(attr.attname.data.as_ptr()),
+                text(pg_sys::format_type_with_typemod(attr.atttypid, attr.atttypmod)),
+            );
+            if attr.attnotnull {
+                out.push_str(" not null");
+            }
+            if attr.atthasdef {
+                let default = defaults.iter().find(|d| d.adnum == attr.attnum);
+                let _ =
+                    write!(out, " default {}", default.map_or(String::new(), |d| deparse(d.adbin)));
+            }
+            if attr.attgenerated != 0 {
+                let _ = write!(out, " generated {}", attr.attgenerated as u8 as char);
+            }
+            // A column inherited from a parent table (ALTER TABLE … INHERIT).
+            if attr.attinhcount != 0 {
+                let _ = write!(out, " inherited {}", attr.attinhcount);
+            }
+            if attr.attidentity != 0 {
+                let _ = write!(out, " identity {}", attr.attidentity as u8 as char);
+            }
+            out.push('\n');
+        }
+        let mut lines = Vec::new();
+        if !constr.is_null() && !(*constr).check.is_null() {
+            let checks =
+                std::slice::from_raw_parts((*constr).check, usize::from((*constr).num_check));
+            for check in checks {
+                lines.push(format!(
+                    "check {} {} {} {}",
+                    text(check.ccname),
+                    if check.ccvalid { "valid" } else { "not valid" },
+                    if check.ccnoinherit { "no inherit" } else { "inherited" },
+                    deparse(check.ccbin),
+                ));
+            }
+        }
+        let primary = (*rel).rd_pkindex;
+        for index in oids(pg_sys::RelationGetIndexList(rel)) {
+            let primary = if index == (*rel).rd_pkindex && primary != pg_sys::InvalidOid {
+                " primary"
+            } else {
+                ""
+            };
+            lines.push(format!("index {}{primary}", text(pg_sys::pg_get_indexdef_string(index))));
+        }
+        let triggers = (*rel).trigdesc;
+        if !triggers.is_null() && !(*triggers).triggers.is_null() {
+            let all = std::slice::from_raw_parts(
+                (*triggers).triggers,
+                usize::try_from((*triggers).numtriggers).unwrap_or(0),
+            );
+            for t in all {
+                // pg_get_triggerdef: name, timing, events, columns, WHEN, transition tables,
+                // constraint trigger, function and arguments; not whether it fires.
+                let def = pg_sys::OidFunctionCall1Coll(
+                    pg_sys::F_PG_GET_TRIGGERDEF_OID,
+                    pg_sys::InvalidOid,
+                    pg_sys::Datum::from(t.tgoid),
+                );
+                lines.push(format!(
+                    "trigger {} fires {} internal {}",
+                    text(pg_sys::text_to_cstring(def.cast_mut_ptr())),
+                    t.tgenabled as u8 as char,
+                    t.tgisinternal,
+                ));
+            }
+        }
+        lines.sort();
+        for line in lines {
+            out.push_str(&line);
+            out.push('\n');
+        }
+        let _ = writeln!(out, "policies {}", policies(relid));
+    }
+    out
+}
+
+/// How many row security policies table `relid` has (`pg_policy`), enabled or not.
+///
+/// # Safety
+/// Inside a transaction.
+unsafe fn policies(relid: pg_sys::Oid) -> usize {
+    // SAFETY: catalog lookups by fixed names, and a scan of pg_policy under AccessShareLock
+    // with a key on polrelid, inside the caller's transaction; every tuple is counted, none
+    // is kept.
+    unsafe {
+        let catalog =
+            pg_sys::get_relname_relid(c"pg_policy".as_ptr(), pg_sys::PG_CATALOG_NAMESPACE.into());
+        if catalog == pg_sys::InvalidOid {
+            return 0;
+        }
+        let column = pg_sys::get_attnum(catalog, c"polrelid".as_ptr());
+        let policy = pg_sys::table_open(catalog, pg_sys::AccessShareLock as i32);
+        let mut key: pg_sys::ScanKeyData = std::mem::zeroed();
+        pg_sys::ScanKeyEntryInitialize(
+            &mut key,
+            0,
+            column,
+            pg_sys::BTEqualStrategyNumber as u16,
+            pg_sys::InvalidOid,
+            pg_sys::InvalidOid,
+            pg_sys::Oid::from(pg_sys::F_OIDEQ),
+            pg_sys::Datum::from(relid),
+        );
+        let scan = pg_sys::systable_beginscan(
+            policy,
+            pg_sys::InvalidOid,
+            false,
+            std::ptr::null_mut(),
+            1,
+            &mut key,
+        );
+        let mut count = 0;
+        while !pg_sys::systable_getnext(scan).is_null() {
+            count += 1;
+        }
+        pg_sys::systable_endscan(scan);
+        pg_sys::table_close(policy, pg_sys::AccessShareLock as i32);
+        count
+    }
+}
+
+#[cfg(any(test, feature = "pg_test"))]
+#[pgrx::pg_schema]
+mod tests {
+    use super::{describe, Installed, HIGH_WATER, SEQ};
+    use pgrx::prelude::*;
+
+    fn description(table: &str) -> String {
+        let relid =
+            Spi::get_one::<pg_sys::Oid>(&format!("SELECT 'tsoracle.{table}'::regclass::oid"))
+                .unwrap()
+                .unwrap();
+        // SAFETY: a table of this database, opened and closed here, inside the test's
+        // transaction.
+        unsafe {
+            let rel = pg_sys::table_open(relid, pg_sys::AccessShareLock as i32);
+            let described = describe(rel);
+            pg_sys::table_close(rel, pg_sys::AccessShareLock as i32);
+            described
+        }
+    }
+
+    fn assert_installed(table: &str, installed: &Installed) {
+        assert_eq!(description(table), installed.description, "tsoracle.{table} as installed");
+    }
+
+    /// Both tables, as CREATE EXTENSION makes them, match their descriptions to the letter,
+    /// whatever the session's search_path.
+    #[pg_test]
+    fn the_tables_are_described_as_installed() {
+        assert_installed("seq", &SEQ);
+        assert_installed("high_water", &HIGH_WATER);
+        Spi::run("SET search_path = tsoracle, public").unwrap();
+        assert_installed("seq", &SEQ);
+    }
+
+    /// What nobody listed changes the description: a `CHECK` constraint, a default, a policy,
+    /// an index on an expression, a column added (and not once it is dropped again).
+    #[pg_test]
+    fn ddl_of_any_kind_changes_the_description() {
+        for (change, undo) in [
+            (
+                "ALTER TABLE tsoracle.seq ADD CONSTRAINT c CHECK (next < 10)",
+                "ALTER TABLE tsoracle.seq DROP CONSTRAINT c",
+            ),
+            (
+                "ALTER TABLE tsoracle.seq ALTER COLUMN updated_at SET DEFAULT 'epoch'",
+                "ALTER TABLE tsoracle.seq ALTER COLUMN updated_at SET DEFAULT now()",
+            ),
+            ("CREATE POLICY p ON tsoracle.seq USING (false)", "DROP POLICY p ON tsoracle.seq"),
+            ("CREATE INDEX i ON tsoracle.seq ((next + 1))", "DROP INDEX tsoracle.i"),
+            ("ALTER TABLE tsoracle.seq ADD COLUMN n int", "ALTER TABLE tsoracle.seq DROP COLUMN n"),
+            (
+                "ALTER TABLE tsoracle.seq ENABLE ROW LEVEL SECURITY",
+                "ALTER TABLE tsoracle.seq DISABLE ROW LEVEL SECURITY",
+            ),
+        ] {
+            Spi::run(change).unwrap();
+            assert_ne!(description("seq"), SEQ.description, "after {change}");
+            Spi::run(undo).unwrap();
+            assert_eq!(description("seq"), SEQ.description, "after {undo}");
+        }
+    }
+}
