@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Size limits of the repository's documents and sources.
 
-- README.md at most 35,000 bytes, BENCHMARKS.md at most 20,000 bytes;
+- README.md at most 15,000 bytes, BENCHMARKS.md at most 20,000 bytes, and every page under
+  docs/ (docs/**/*.md) at most 20,000 bytes;
 - every .rs file under src/ and tests/ at most 1,000 lines (split a file by concern before it
   grows past that: see tests/src/node/, tests/src/history/, tests/src/load/).
 
@@ -14,7 +15,9 @@ summary. Usage:
 import os
 import sys
 
-MAX_BYTES = {"README.md": 35_000, "BENCHMARKS.md": 20_000}
+MAX_BYTES = {"README.md": 15_000, "BENCHMARKS.md": 20_000}
+MAX_DOC_BYTES = 20_000
+DOC_DIR = "docs"
 MAX_RS_LINES = 1_000
 RS_DIRS = ("src", "tests")
 
@@ -47,6 +50,23 @@ def main(argv):
         sizes.append(f"{name} {size:,}/{limit:,} bytes")
         if size > limit:
             problems.append(f"{name}: {size:,} bytes, over the limit of {limit:,}")
+    docs, largest, largest_path = 0, 0, None
+    for dirpath, dirnames, filenames in os.walk(os.path.join(root, DOC_DIR)):
+        dirnames.sort()
+        for name in sorted(filenames):
+            if not name.endswith(".md"):
+                continue
+            path = os.path.join(dirpath, name)
+            rel = os.path.relpath(path, root)
+            size = os.path.getsize(path)
+            docs += 1
+            if size > largest:
+                largest, largest_path = size, rel
+            if size > MAX_DOC_BYTES:
+                problems.append(f"{rel}: {size:,} bytes, over the limit of {MAX_DOC_BYTES:,}")
+    if docs == 0:
+        problems.append(f"{DOC_DIR}/: no .md page found")
+    sizes.append(f"{docs} pages under {DOC_DIR}/ at most {MAX_DOC_BYTES:,} bytes (largest {largest_path}, {largest:,})")
     count, longest, longest_path = 0, 0, None
     for path in rs_files(root):
         count += 1

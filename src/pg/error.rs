@@ -220,7 +220,7 @@ impl TsoError {
             TsoError::Oracle { hint, .. } => hint.clone(),
             TsoError::NotOnAMember(what) => Some(format!("Run {what} on the oracle.")),
             TsoError::TooManyMembers(_) => Some(
-                "Remove members that are gone for good: SELECT tso_fleet_remove(system_id) FROM tso_fleet_status() WHERE ..."
+                "A removed member keeps its place until it is re-admitted. For each member gone for good (SELECT system_id, reported_at FROM tso_fleet_status()): SELECT tso_fleet_remove(system_id), then SELECT tso_fleet_admit(system_id) to free its place. Members removed earlier still hold theirs: SELECT system_id FROM tsoracle.fleet_member WHERE removed_at IS NOT NULL."
                     .into(),
             ),
             TsoError::MemberNotRegistered(_) => Some(

@@ -40,6 +40,7 @@ pub mod patroni;
 pub mod pooler;
 pub mod process;
 pub mod rng;
+pub mod runbook;
 pub mod seqlease;
 pub mod tls;
 pub mod tso;

@@ -1,20 +1,31 @@
-//! The fleet's runbooks (docs/operations/fleet.md), each run as the guide writes it, under load:
+//! The fleet's runbooks (docs/operations/fleet/join.md, leave.md, oracle-pitr.md), each run
+//! from its page's own code blocks (`tsoracle_tests::runbook`: the blocks marked
+//! `<!-- runbook: NAME step=N -->`, run as written, with `$CLUSTER`, `$ORACLE` and `$OLD` set
+//! to connection strings), under load. The steps a page writes in prose (a restart, a
+//! restore) are the harness's. Each test first checks that the page has exactly the blocks it
+//! drives, so a block added, dropped or moved on the page fails it:
 //!
 //! - a standalone cluster joins a fleet: `tso_handover()` on it, the oracle seeded above its
 //!   high-water and its counters copied there, then `tsoracle.oracle` set and a restart. Its
 //!   own history is one order before and after (every timestamp unique, each call above every
 //!   call that ended before it began), the fleet's history with it after the join too, and
 //!   each of its counters continues without a block granted twice;
-//! - a cluster that joined without the oracle seeded or its counters copied refuses to hand
-//!   out what would repeat its own values (`55000`, with the HINT that fixes it), and serves
-//!   once the oracle is seeded and the counters copied;
+//! - a cluster that joined without the oracle seeded or its counters copied (the runbook's
+//!   dangerous steps skipped) refuses to hand out what would repeat its own values (`55000`,
+//!   with the HINT that fixes it), and serves once the oracle is seeded and the counters
+//!   copied;
 //! - a member leaves: `tso_handover()` on it, the oracle's high-water and counters copied into
-//!   its own tables, `tsoracle.oracle` cleared and a restart. As a standalone cluster it goes
-//!   on above everything it handed out as a member, and its counters continue above its
-//!   blocks;
+//!   its own tables, `tsoracle.oracle` deleted from its configuration file and a restart. As a
+//!   standalone cluster it goes on above everything it handed out as a member (the fleet runs
+//!   a minute ahead of the clock, so a leave without the copy would go back), and its
+//!   counters continue above its blocks;
 //! - the oracle is restored to a point in time while the old one is still readable:
-//!   `tso_handover()` on the old oracle, its high-water and counters copied into the restored
-//!   one, the members pointed at it. The fleet goes on above everything it handed out.
+//!   `tso_handover()` on the old oracle, the restored one started with `tsoracle.database`
+//!   naming a database without the extension, so that it serves nothing — no timestamp, no
+//!   block — until the old one's high-water and counters are copied in and it restarts; the
+//!   members pointed at it. The fleet goes on above everything it handed out;
+//! - every runbook page parses, and a page whose blocks drift from what its test drives
+//!   (a step dropped, renumbered, swapped, or of another language) is refused.
 //!
 //! Run with: `cargo test -p tsoracle-tests --test fleet_runbooks -- --test-threads=2`
 
@@ -28,6 +39,7 @@ use tsoracle_tests::backup::{
 use tsoracle_tests::fleet::{admit_members, copy_between, member, oracle_conninfo, MEMBER_ROLE};
 use tsoracle_tests::history::check_calls;
 use tsoracle_tests::load::{SeqLoad, SeqLoadOptions};
+use tsoracle_tests::runbook::{pages_dir, parse, run_sh, settings, Block, Runbook};
 use tsoracle_tests::{
     expect_sqlstate, ops, pg_error_string, poll_until, serving_node, DenseHistory, Endpoint,
     History, Load, LoadOptions, Node, NodeOpts, StopMode,
@@ -36,6 +48,30 @@ use tsoracle_tests::{
 /// The runbooks' copy of the counters, from the cluster that has them to the one that
 /// continues them: merged (`GREATEST`) into what is there.
 const COUNTERS: (&str, &str) = ("SELECT key, next FROM tsoracle.seq", "tsoracle.seq (key, next)");
+
+/// `$CLUSTER`, `$ORACLE` and `$OLD` of the runbooks: connection strings, as a superuser.
+fn vars(pairs: &[(&'static str, &Node)]) -> Vec<(&'static str, String)> {
+    pairs.iter().map(|(k, n)| (*k, n.conninfo())).collect()
+}
+
+/// Run a runbook's `sh` block as the page writes it.
+#[track_caller]
+fn run_step(block: &Block, node: &Node, vars: &[(&str, String)]) -> String {
+    run_sh(block, node.bin_dir(), vars).unwrap_or_else(|e| {
+        panic!(
+            "runbook {} step {} (line {}): {e}\n{}",
+            block.runbook, block.step, block.line, block.text
+        )
+    })
+}
+
+/// The one integer psql printed (the value of a one-row, one-column result).
+#[track_caller]
+fn printed_number(out: &str) -> i64 {
+    let numbers: Vec<i64> = out.lines().filter_map(|l| l.trim().parse().ok()).collect();
+    assert_eq!(numbers.len(), 1, "one number in psql's output: {out}");
+    numbers[0]
+}
 
 /// A high-water a minute ahead of the clock.
 const AHEAD: &str = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint + 60000";
@@ -67,6 +103,8 @@ fn blocks_on(node: &Node, keys: &[&str], dense: &DenseHistory) -> SeqLoad {
 /// under load on itself, on the oracle and on another member.
 #[test]
 fn a_cluster_joins_a_fleet_by_the_runbook_under_load() {
+    let book = Runbook::load("join.md", "join");
+    book.expect_steps(&[(1, "sh"), (2, "sh")]);
     let oracle = serving_node("join-oracle", NodeOpts::new());
     admit_members(&oracle);
     let conninfo = oracle_conninfo(&[oracle.port()], MEMBER_ROLE);
@@ -86,14 +124,21 @@ fn a_cluster_joins_a_fleet_by_the_runbook_under_load() {
     let own_blocks = blocks_on(&joining, &keys, &dense);
     own.wait_progress(Instant::now(), 100, "the joining cluster serves on its own");
 
-    // 1. On the joining cluster: it issues nothing more; H bounds all it issued.
-    let high_water = one_i64(&mut c, "SELECT tso_handover()");
     drop(c);
-    // 2. On the oracle: seeded above H, and the cluster's counters copied there.
-    let mut o = oracle.connect();
-    let seeded = one_i64(&mut o, &format!("SELECT tso_seed({})", high_water + 1));
+    let vars = vars(&[("CLUSTER", &joining), ("ORACLE", &oracle)]);
+    // 1. On the joining cluster: it issues nothing more, and the oracle is seeded above the
+    //    high-water H that bounds all it issued.
+    run_step(book.step(1), &joining, &vars);
+    let high_water = one_i64(&mut joining.connect(), "SELECT physical_ms FROM tsoracle.high_water");
+    expect_sqlstate(
+        joining.connect().query_one("SELECT tso_next()", &[]),
+        &SqlState::CANNOT_CONNECT_NOW,
+        "a handed-over cluster",
+    );
+    let seeded = one_i64(&mut oracle.connect(), "SELECT physical_ms FROM tsoracle.high_water");
     assert!(seeded > high_water, "the oracle's high-water {seeded} is above {high_water}");
-    copy_between(&joining, COUNTERS.0, &oracle, COUNTERS.1).expect("copy the counters");
+    // 2. The cluster's counters copied to the oracle.
+    run_step(book.step(2), &joining, &vars);
     // 3. tsoracle.oracle set, and a restart.
     joining.set_conf("tsoracle.oracle", &conninfo).expect("set tsoracle.oracle");
     joining.set_conf("tsoracle.extension_timeout_ms", 3000).expect("set the timeout");
@@ -191,6 +236,8 @@ fn a_cluster_that_joined_without_the_runbook_hands_out_nothing_of_its_own_again(
 /// A member leaves its fleet by the runbook, under load on itself and on another member.
 #[test]
 fn a_member_leaves_its_fleet_by_the_runbook_under_load() {
+    let book = Runbook::load("leave.md", "leave");
+    book.expect_steps(&[(1, "sh"), (2, "sh")]);
     let oracle = serving_node("leave-oracle", NodeOpts::new());
     admit_members(&oracle);
     let conninfo = oracle_conninfo(&[oracle.port()], MEMBER_ROLE);
@@ -209,9 +256,10 @@ fn a_member_leaves_its_fleet_by_the_runbook_under_load() {
     let own_blocks = blocks_on(&leaving, &keys, &dense);
     own.wait_progress(Instant::now(), 200, "the member serves");
 
+    let vars = vars(&[("CLUSTER", &leaving), ("ORACLE", &oracle)]);
     // 1. On the member: it hands out nothing more.
+    let handed_over = printed_number(&run_step(book.step(1), &leaving, &vars));
     let mut c = leaving.connect();
-    let handed_over = one_i64(&mut c, "SELECT tso_handover()");
     let left = Instant::now();
     let last_as_member = own.max_value().expect("the member issued");
     assert!(
@@ -226,20 +274,25 @@ fn a_member_leaves_its_fleet_by_the_runbook_under_load() {
     );
     drop(c);
     // 2. The oracle's high-water and counters, copied into the member's own tables.
-    copy_between(
-        &oracle,
-        "SELECT physical_ms, 0 FROM tsoracle.high_water",
-        &leaving,
-        "tsoracle.high_water (physical_ms, epoch)",
-    )
-    .expect("copy the high-water");
-    copy_between(&oracle, COUNTERS.0, &leaving, COUNTERS.1).expect("copy the counters");
-    // 3. tsoracle.oracle cleared, and a restart: a standalone cluster.
-    leaving.unset_conf("tsoracle.oracle").expect("clear tsoracle.oracle");
+    run_step(book.step(2), &leaving, &vars);
+    let own_high_water = one_i64(
+        &mut leaving.connect(),
+        "SELECT COALESCE(max(physical_ms), 0) FROM tsoracle.high_water",
+    );
+    assert!(
+        own_high_water >= last_as_member >> 18,
+        "the copied high-water bounds the member's values"
+    );
+    // 3. tsoracle.oracle deleted from the configuration file that set it (the harness's), and
+    //    a restart: a standalone cluster.
+    leaving.unset_conf("tsoracle.oracle").expect("delete tsoracle.oracle");
     leaving.restart(StopMode::Fast).expect("restart standalone");
-    let role: String =
-        leaving.connect().query_one("SELECT role FROM tso_status()", &[]).unwrap().get(0);
+    let mut c = leaving.connect();
+    let oracle_setting: String = c.query_one("SHOW tsoracle.oracle", &[]).unwrap().get(0);
+    assert_eq!(oracle_setting, "", "tsoracle.oracle is cleared");
+    let role: String = c.query_one("SELECT role FROM tso_status()", &[]).unwrap().get(0);
     assert_eq!(role, "primary", "the cluster left the fleet");
+    drop(c);
     own.wait_progress(left, 200, "the cluster serves on its own");
     std::thread::sleep(Duration::from_secs(2));
 
@@ -271,6 +324,10 @@ fn a_member_leaves_its_fleet_by_the_runbook_under_load() {
 /// every block, though the restored WAL lacks the last of them.
 #[test]
 fn the_oracle_restored_to_a_point_in_time_serves_its_fleet_above_everything() {
+    let book = Runbook::load("oracle-pitr.md", "oracle-pitr");
+    book.expect_steps(&[(1, "sh"), (2, "ini"), (3, "sh")]);
+    let keep_off = settings(book.step(2)).unwrap_or_else(|e| panic!("{e}"));
+    assert!(!keep_off.is_empty(), "step 2 sets something");
     let archive = WalArchive::new("pitr-oracle-archive").expect("archive directory");
     let mut oracle =
         Node::start_new("pitr-oracle", archive.archiving(NodeOpts::new())).expect("the oracle");
@@ -301,26 +358,51 @@ fn the_oracle_restored_to_a_point_in_time_serves_its_fleet_above_everything() {
     std::thread::sleep(Duration::from_secs(2));
 
     // 1. The old oracle stops: the whole fleet hands out nothing more.
-    let high_water = one_i64(&mut oracle.connect(), "SELECT tso_handover()");
+    let high_water = printed_number(&run_step(
+        book.step(1),
+        &oracle,
+        &vars(&[("OLD", &oracle), ("ORACLE", &restored)]),
+    ));
     let stopped = Instant::now();
-    // 2. The oracle restored to the target, beside it.
+    // 2. The oracle restored to the target, beside it, with the settings of the page's step 2
+    //    in its configuration before it starts.
     switch_and_archive(&oracle).expect("archive the WAL");
     prepare_archive_recovery(&mut restored, &archive, &RecoveryTarget::Time(target_time))
         .expect("prepare the recovery");
+    for (name, value) in &keep_off {
+        restored.set_conf(name, value).expect("step 2's setting");
+    }
     restored.start().expect("start the recovery");
     wait_recovery_end(&restored).expect("the recovery ends");
-    restored.wait_serving().expect("the restored oracle serves");
+    // Until the copy, the restored oracle serves nothing: its WAL lacks the blocks granted
+    // after the target, and a block granted now would be granted twice.
+    let mut r = restored.connect();
+    let state: String = r.query_one("SELECT state FROM tso_status()", &[]).unwrap().get(0);
+    assert_ne!(state, "serving", "the restored oracle serves before the copy");
+    expect_sqlstate(
+        r.query_one("SELECT tso_next()", &[]),
+        &SqlState::CANNOT_CONNECT_NOW,
+        "tso_next() before the copy",
+    );
+    let before: i64 = one_i64(&mut r, "SELECT next FROM tsoracle.seq WHERE key = 'pitr-a'");
+    let e = r.query_one("SELECT tso_seq('pitr-a', 1)", &[]).expect_err("a block before the copy");
+    let code = e.code().cloned();
+    assert!(
+        code == Some(SqlState::CANNOT_CONNECT_NOW) || code == Some(SqlState::from_code("40003")),
+        "a block before the copy: {}",
+        pg_error_string(&e)
+    );
+    let after: i64 = one_i64(&mut r, "SELECT next FROM tsoracle.seq WHERE key = 'pitr-a'");
+    assert_eq!(after, before, "no block of pitr-a was granted before the copy");
+    drop(r);
     // 3. The old oracle's high-water (and epoch) and counters, merged into the restored one.
-    copy_between(
-        &oracle,
-        "SELECT physical_ms, epoch FROM tsoracle.high_water",
-        &restored,
-        "tsoracle.high_water (physical_ms, epoch)",
-    )
-    .expect("copy the high-water");
-    copy_between(&oracle, COUNTERS.0, &restored, COUNTERS.1).expect("copy the counters");
-    // The worker runs its fence again over the rows copied underneath it: until it has,
-    // tso_status() shows no high-water (the fence running) or the one from before the copy.
+    run_step(book.step(3), &oracle, &vars(&[("OLD", &oracle), ("ORACLE", &restored)]));
+    // Step 2's settings deleted again, and a restart: the fence starts above the copy.
+    for (name, _) in &keep_off {
+        restored.unset_conf(name).expect("delete step 2's setting");
+    }
+    restored.restart(StopMode::Fast).expect("restart the restored oracle");
+    restored.wait_serving().expect("the restored oracle serves");
     poll_until(
         &format!("the restored oracle's high-water above the old one's {high_water}"),
         Duration::from_secs(30),
@@ -331,7 +413,7 @@ fn the_oracle_restored_to_a_point_in_time_serves_its_fleet_above_everything() {
             restored_high_water.filter(|&hw| hw > high_water)
         },
     );
-    // 4. The old oracle stopped; the members pointed at the restored one, and restarted.
+    // 5. The old oracle stopped; the members pointed at the restored one, and restarted.
     oracle.stop(StopMode::Fast).expect("stop the old oracle");
     m.set_conf("tsoracle.oracle", oracle_conninfo(&[restored.port()], MEMBER_ROLE))
         .expect("point the member at the restored oracle");
@@ -349,4 +431,56 @@ fn the_oracle_restored_to_a_point_in_time_serves_its_fleet_above_everything() {
     }
     let after = dense.calls().into_iter().filter(|c| c.start > stopped && c.result.is_ok()).count();
     assert!(after > 0, "no block was granted through the restored oracle");
+}
+
+/// Every runbook page parses; each runbook's blocks are the ones its test above drives; and
+/// a page mutated in any of its dangerous steps — a block dropped, two steps swapped, a step
+/// renumbered, a block of another language — is refused before anything runs.
+#[test]
+fn the_runbook_pages_are_what_the_tests_run_and_a_drifted_page_is_refused() {
+    type Steps = &'static [(u32, &'static str)];
+    let books: [(&str, &str, Steps); 3] = [
+        ("join.md", "join", &[(1, "sh"), (2, "sh")]),
+        ("leave.md", "leave", &[(1, "sh"), (2, "sh")]),
+        ("oracle-pitr.md", "oracle-pitr", &[(1, "sh"), (2, "ini"), (3, "sh")]),
+    ];
+    for entry in std::fs::read_dir(pages_dir()).expect("docs/operations/fleet") {
+        let path = entry.unwrap().path();
+        let text = std::fs::read_to_string(&path).unwrap();
+        parse(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    }
+    for (page, name, want) in books {
+        let path = pages_dir().join(page);
+        let text = std::fs::read_to_string(&path).unwrap();
+        Runbook::from_text(&text, name, path.clone()).expect_steps(want);
+        for (i, &(step, lang)) in want.iter().enumerate() {
+            let marker = format!("<!-- runbook: {name} step={step} -->");
+            assert_eq!(text.matches(&marker).count(), 1, "{page}: {marker}");
+            let drifted = |t: String, what: &str| {
+                let book = Runbook::from_text(&t, name, path.clone());
+                assert!(
+                    book.check_steps(want).is_err(),
+                    "{page}: step {step} {what} is not caught"
+                );
+            };
+            drifted(text.replace(&marker, ""), "dropped");
+            drifted(
+                text.replace(&marker, &format!("<!-- runbook: {name} step={} -->", step + 10)),
+                "renumbered",
+            );
+            let fence = format!("{marker}\n   ```{lang}");
+            if text.contains(&fence) {
+                drifted(
+                    text.replace(&fence, &format!("{marker}\n   ```text")),
+                    "of another language",
+                );
+            }
+            if let Some(&(next, _)) = want.get(i + 1) {
+                let other = format!("<!-- runbook: {name} step={next} -->");
+                let swapped =
+                    text.replace(&marker, "@@").replace(&other, &marker).replace("@@", &other);
+                drifted(swapped, "swapped with the next");
+            }
+        }
+    }
 }

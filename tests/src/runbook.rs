@@ -1,0 +1,271 @@
+//! The fleet's runbooks as their pages write them (docs/operations/fleet/*.md), for
+//! tests/tests/fleet_runbooks.rs to run instead of copies of their own: a page and its test
+//! cannot drift.
+//!
+//! A runbook's code block is marked by the HTML comment on the line before its fence
+//! (invisible on the rendered page):
+//!
+//! ```text
+//! <!-- runbook: leave step=2 -->
+//! ```sh
+//! psql "$ORACLE" -Xc "COPY (...) TO STDOUT" | psql "$CLUSTER" -Xc "COPY ... FROM STDIN"
+//! ```
+//! ```
+//!
+//! [`parse`] returns every marked block of a page, with its runbook, step, language and text
+//! (the fence's indentation removed); [`Runbook::expect_steps`] checks that a runbook has
+//! exactly the blocks a test drives, in order, so a block added, dropped, moved to another
+//! step or changed to another language on the page fails the test. `sh` blocks run with
+//! `bash -euo pipefail` ([`run_sh`]) and the variables `$CLUSTER`, `$ORACLE`, `$OLD` in their
+//! environment, set by the test to connection strings; `ini` blocks are `name = 'value'`
+//! settings for a cluster's configuration file ([`settings`]).
+
+use crate::node::{run_cmd, scrub_env};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+/// One marked code block of a page.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Block {
+    pub runbook: String,
+    pub step: u32,
+    /// The fence's info string: `sh`, `sql`, `ini`.
+    pub lang: String,
+    /// The block's lines, without the fence's indentation, each ending in a newline.
+    pub text: String,
+    /// 1-based line of the marker on the page.
+    pub line: usize,
+}
+
+/// A marker's `NAME step=N`, or why the line is not one. `None`: not a marker at all.
+fn marker(line: &str) -> Option<Result<(String, u32), String>> {
+    let inner = line.trim().strip_prefix("<!--")?.strip_suffix("-->")?.trim();
+    let rest = inner.strip_prefix("runbook:")?.trim();
+    let mut words = rest.split_whitespace();
+    let Some(name) = words.next().filter(|w| !w.contains('=')) else {
+        return Some(Err(format!("no runbook name in {line:?}")));
+    };
+    let mut step = None;
+    for w in words {
+        match w.split_once('=') {
+            Some(("step", n)) => match n.parse::<u32>() {
+                Ok(n) if n > 0 => step = Some(n),
+                _ => return Some(Err(format!("bad step {n:?} in {line:?}"))),
+            },
+            _ => return Some(Err(format!("unknown attribute {w:?} in {line:?}"))),
+        }
+    }
+    Some(step.map(|s| (name.to_string(), s)).ok_or_else(|| format!("no step= in {line:?}")))
+}
+
+/// Every marked block of `page`, in page order. A marker must be followed (after blank lines
+/// only) by a fence, the fence must close, and a runbook's step appears once.
+pub fn parse(page: &str) -> Result<Vec<Block>, String> {
+    let lines: Vec<&str> = page.lines().collect();
+    let mut blocks: Vec<Block> = Vec::new();
+    let mut i = 0;
+    while i < lines.len() {
+        let Some(m) = marker(lines[i]) else {
+            i += 1;
+            continue;
+        };
+        let (runbook, step) = m.map_err(|e| format!("line {}: {e}", i + 1))?;
+        let at = i + 1;
+        let mut j = i + 1;
+        while j < lines.len() && lines[j].trim().is_empty() {
+            j += 1;
+        }
+        let open = lines.get(j).copied().unwrap_or("");
+        let indent = open.len() - open.trim_start().len();
+        let Some(lang) = open.trim_start().strip_prefix("```") else {
+            return Err(format!("line {at}: the runbook marker is not followed by a code block"));
+        };
+        let lang = lang.trim().to_string();
+        if lang.is_empty() {
+            return Err(format!("line {}: a runbook block names no language", j + 1));
+        }
+        let mut text = String::new();
+        let mut k = j + 1;
+        loop {
+            let Some(l) = lines.get(k) else {
+                return Err(format!("line {}: the code block never closes", j + 1));
+            };
+            if l.trim_start() == "```" {
+                break;
+            }
+            let strip = l.len() - l.trim_start().len();
+            text.push_str(&l[strip.min(indent)..]);
+            text.push('\n');
+            k += 1;
+        }
+        if blocks.iter().any(|b| b.runbook == runbook && b.step == step) {
+            return Err(format!("line {at}: {runbook} step {step} is marked twice"));
+        }
+        blocks.push(Block { runbook, step, lang, text, line: at });
+        i = k + 1;
+    }
+    Ok(blocks)
+}
+
+/// The directory of the fleet's runbook pages.
+pub fn pages_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/operations/fleet")
+}
+
+/// One runbook's blocks, read from its page.
+#[derive(Clone, Debug)]
+pub struct Runbook {
+    pub name: String,
+    pub page: PathBuf,
+    pub blocks: Vec<Block>,
+}
+
+impl Runbook {
+    /// The runbook `name` of `page` (a file name under [`pages_dir`]).
+    #[track_caller]
+    pub fn load(page: &str, name: &str) -> Runbook {
+        let path = pages_dir().join(page);
+        let text = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+        Runbook::from_text(&text, name, path)
+    }
+
+    /// The runbook `name` of a page's text.
+    #[track_caller]
+    pub fn from_text(text: &str, name: &str, page: PathBuf) -> Runbook {
+        let blocks = parse(text).unwrap_or_else(|e| panic!("{}: {e}", page.display()));
+        let blocks: Vec<Block> = blocks.into_iter().filter(|b| b.runbook == name).collect();
+        Runbook { name: name.to_string(), page, blocks }
+    }
+
+    /// The page's blocks are exactly `(step, language)`, in this order.
+    pub fn check_steps(&self, want: &[(u32, &str)]) -> Result<(), String> {
+        let got: Vec<(u32, &str)> = self.blocks.iter().map(|b| (b.step, b.lang.as_str())).collect();
+        if got == want {
+            Ok(())
+        } else {
+            Err(format!(
+                "{}: runbook {} has the blocks {got:?} (step, language); its test drives {want:?}",
+                self.page.display(),
+                self.name
+            ))
+        }
+    }
+
+    #[track_caller]
+    pub fn expect_steps(&self, want: &[(u32, &str)]) {
+        self.check_steps(want).unwrap_or_else(|e| panic!("{e}"));
+    }
+
+    /// The block of `step`.
+    #[track_caller]
+    pub fn step(&self, step: u32) -> &Block {
+        self.blocks.iter().find(|b| b.step == step).unwrap_or_else(|| {
+            panic!("{}: runbook {} has no step {step}", self.page.display(), self.name)
+        })
+    }
+}
+
+/// Run an `sh` block as written, with `bash -euo pipefail`, the binaries of `bin` (psql) first
+/// on the PATH and `vars` (`CLUSTER`, `ORACLE`, `OLD`) in its environment; its standard
+/// output, or an error with its standard error.
+pub fn run_sh(block: &Block, bin: &Path, vars: &[(&str, String)]) -> crate::Result<String> {
+    assert_eq!(block.lang, "sh", "runbook {} step {}: not an sh block", block.runbook, block.step);
+    let mut cmd = Command::new("bash");
+    cmd.arg("-euo").arg("pipefail").arg("-c").arg(&block.text);
+    scrub_env(&mut cmd);
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let mut paths = vec![bin.to_path_buf()];
+    paths.extend(std::env::split_paths(&path));
+    cmd.env("PATH", std::env::join_paths(paths).expect("PATH"));
+    for (k, v) in vars {
+        cmd.env(k, v);
+    }
+    run_cmd(cmd, Duration::from_secs(120))
+}
+
+/// The settings of an `ini` block: `name = value` lines (a quoted value unquoted), comments
+/// and blank lines skipped.
+pub fn settings(block: &Block) -> Result<Vec<(String, String)>, String> {
+    if block.lang != "ini" {
+        return Err(format!("runbook {} step {}: not an ini block", block.runbook, block.step));
+    }
+    let mut out = Vec::new();
+    for line in block.text.lines() {
+        let line = line.split('#').next().unwrap_or("").trim();
+        if line.is_empty() {
+            continue;
+        }
+        let Some((k, v)) = line.split_once('=') else {
+            return Err(format!(
+                "runbook {} step {}: not a setting: {line:?}",
+                block.runbook, block.step
+            ));
+        };
+        let v = v.trim();
+        let v = v.strip_prefix('\'').and_then(|v| v.strip_suffix('\'')).unwrap_or(v);
+        out.push((k.trim().to_string(), v.to_string()));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PAGE: &str = "# A page\n\n1. First:\n\n   <!-- runbook: demo step=1 -->\n   ```sh\n   psql \"$CLUSTER\" -c 'SELECT 1'\n     | cat\n   ```\n\n<!-- runbook: demo step=2 -->\n\n```ini\ntsoracle.database = 'template1'   # a comment\n```\n\n<!-- runbook: other step=1 -->\n```sql\nSELECT 2;\n```\n";
+
+    #[test]
+    fn blocks_are_read_with_their_step_language_and_text() {
+        let blocks = parse(PAGE).unwrap();
+        assert_eq!(blocks.len(), 3);
+        assert_eq!(
+            (blocks[0].runbook.as_str(), blocks[0].step, blocks[0].lang.as_str()),
+            ("demo", 1, "sh")
+        );
+        assert_eq!(blocks[0].text, "psql \"$CLUSTER\" -c 'SELECT 1'\n  | cat\n");
+        assert_eq!(blocks[0].line, 5);
+        assert_eq!(
+            settings(&blocks[1]).unwrap(),
+            vec![("tsoracle.database".into(), "template1".into())]
+        );
+        let r = Runbook::from_text(PAGE, "demo", "page.md".into());
+        r.check_steps(&[(1, "sh"), (2, "ini")]).unwrap();
+        assert_eq!(r.step(2).lang, "ini");
+    }
+
+    #[test]
+    fn a_page_that_drifts_from_its_test_is_refused() {
+        let r = |page: &str| Runbook::from_text(page, "demo", "page.md".into());
+        let want = [(1, "sh"), (2, "ini")];
+        // A step dropped, a step renumbered, the steps swapped, a language changed.
+        let dropped = PAGE.replace("<!-- runbook: demo step=2 -->", "");
+        assert!(r(&dropped).check_steps(&want).is_err());
+        let renumbered = PAGE.replace("demo step=2", "demo step=3");
+        assert!(r(&renumbered).check_steps(&want).is_err());
+        let swapped = PAGE
+            .replace("demo step=1", "demo step=9")
+            .replace("demo step=2", "demo step=1")
+            .replace("demo step=9", "demo step=2");
+        assert!(r(&swapped).check_steps(&want).is_err());
+        let relanguaged = PAGE.replace("```ini", "```conf");
+        assert!(r(&relanguaged).check_steps(&want).is_err());
+    }
+
+    #[test]
+    fn malformed_markers_are_errors() {
+        assert!(parse("<!-- runbook: demo -->\n```sh\nx\n```\n").is_err(), "no step");
+        assert!(parse("<!-- runbook: demo step=0 -->\n```sh\nx\n```\n").is_err(), "step 0");
+        assert!(
+            parse("<!-- runbook: demo step=1 on=x -->\n```sh\nx\n```\n").is_err(),
+            "unknown attribute"
+        );
+        assert!(parse("<!-- runbook: demo step=1 -->\ntext\n```sh\nx\n```\n").is_err(), "no fence");
+        assert!(parse("<!-- runbook: demo step=1 -->\n```sh\nx\n").is_err(), "unclosed");
+        assert!(parse("<!-- runbook: demo step=1 -->\n```\nx\n```\n").is_err(), "no language");
+        let twice = "<!-- runbook: d step=1 -->\n```sh\nx\n```\n<!-- runbook: d step=1 -->\n```sh\ny\n```\n";
+        assert!(parse(twice).is_err(), "a step twice");
+        assert_eq!(parse("<!-- a comment -->\n```sh\nx\n```\n").unwrap(), vec![]);
+    }
+}
