@@ -9,7 +9,7 @@
 //!   out what would repeat its own values (`55000`, with the HINT that fixes it), and serves
 //!   once the oracle is seeded and the counters copied;
 //! - a member leaves: `tso_handover()` on it, the oracle's high-water and counters copied into
-//!   its own tables, `tsoracle.oracle` cleared and a restart. As a standalone cluster it goes
+//!   its own tables, `tsoracle.member_oracle` emptied, `tsoracle.oracle` cleared and a restart. As a standalone cluster it goes
 //!   on above everything it handed out as a member, and its counters continue above its
 //!   blocks;
 //! - the oracle is restored to a point in time while the old one is still readable:
@@ -234,7 +234,12 @@ fn a_member_leaves_its_fleet_by_the_runbook_under_load() {
     )
     .expect("copy the high-water");
     copy_between(&oracle, COUNTERS.0, &leaving, COUNTERS.1).expect("copy the counters");
-    // 3. tsoracle.oracle cleared, and a restart: a standalone cluster.
+    // 3. The mark of a member deleted (without it, the cluster refuses to serve on its own),
+    // tsoracle.oracle cleared, and a restart: a standalone cluster.
+    leaving
+        .connect()
+        .batch_execute("DELETE FROM tsoracle.member_oracle")
+        .expect("delete the mark of a member");
     leaving.unset_conf("tsoracle.oracle").expect("clear tsoracle.oracle");
     leaving.restart(StopMode::Fast).expect("restart standalone");
     let role: String =
