@@ -27,7 +27,7 @@ fn marked() -> Result<bool, String> {
 /// as the runbook's last step deletes the mark. A table it cannot read refuses too. `false`:
 /// the server shuts down meanwhile; `true` also after `tso_handover()`, which the caller
 /// handles.
-pub(in crate::worker) fn wait_until_alone(signals: &'static Signals) -> bool {
+pub(crate) fn wait_until_alone(signals: &'static Signals) -> bool {
     let mut refused = false;
     loop {
         if signals.handover_requested() {
