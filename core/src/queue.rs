@@ -166,8 +166,10 @@ impl<'a, R: Copy, P: Copy> Queue<'a, R, P> {
     }
 
     /// The caller gives up on its call. True if the worker had already taken it, i.e. its
-    /// effect may be durable (`is_unknown` tells a `Done` reply that says it is not known).
-    pub fn abandon(&mut self, ticket: Ticket, is_unknown: impl Fn(&P) -> bool) -> bool {
+    /// effect may be durable: taken, or answered with anything but replies that say it was
+    /// not carried out (`never_done`). A reply "unknown" (a worker restarted mid-commit) is
+    /// such an effect: it must never reach the caller as "never granted".
+    pub fn abandon(&mut self, ticket: Ticket, never_done: impl Fn(&P) -> bool) -> bool {
         let Some(entry) = self.entry_mut(ticket) else { return false };
         match entry.state {
             EntryState::Pending => {
@@ -181,7 +183,7 @@ impl<'a, R: Copy, P: Copy> Queue<'a, R, P> {
             EntryState::Done => {
                 entry.state = EntryState::Free;
                 let len = entry.len;
-                !self.bodies[ticket.index].replies[..len].iter().all(&is_unknown)
+                !self.bodies[ticket.index].replies[..len].iter().all(&never_done)
             }
             EntryState::Free | EntryState::Abandoned => false,
         }
@@ -322,7 +324,8 @@ mod tests {
     fn abandoning_says_whether_the_effect_may_be_durable() {
         let (mut h, mut e, mut b) = queue(1);
         let mut q = Queue::new(&mut h, &mut e, &mut b);
-        let unknown = |p: &i64| *p == -1;
+        // -2: refused, never carried out; -1: unknown (a worker restarted mid-commit).
+        let unknown = |p: &i64| *p == -2;
         let t = q.submit(0, &[1], 0).unwrap();
         assert!(!q.abandon(t, unknown), "pending: nothing happened");
         assert_eq!(q.take_pending(), vec![]);
@@ -334,6 +337,13 @@ mod tests {
         let t = q.submit(0, &[1], 0).unwrap();
         q.take_pending();
         assert_eq!(q.fail_taken(-1), vec![0]);
-        assert!(!q.abandon(t, unknown), "answered 'unknown' by a restarted worker");
+        assert!(
+            q.abandon(t, unknown),
+            "answered 'unknown' by a restarted worker: may be committed"
+        );
+        let t = q.submit(0, &[1], 0).unwrap();
+        q.take_pending();
+        assert_eq!(q.answer(t, &[-2]), Some(0));
+        assert!(!q.abandon(t, unknown), "answered 'refused': never carried out");
     }
 }

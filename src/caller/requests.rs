@@ -87,8 +87,11 @@ pub fn submit_waiting_for_locks(requests: &[Request]) -> Result<Vec<Reply>, TsoE
 /// call may lose its effect (a gap), which is never given to anyone else.
 pub fn submit(requests: &[Request]) -> Result<Vec<Reply>, TsoError> {
     let signals = shmem::signals()?;
-    // A member whose worker refuses (a connection string libpq cannot read) says so at once.
-    if guc::is_member() && ORACLE.share().phase == Phase::Refused {
+    // A member whose worker refuses (a connection string libpq cannot read) says so at once,
+    // and so does a cluster that has been a member, started without tsoracle.oracle.
+    if (guc::is_member() || signals.may_serve_alone() == Some(false))
+        && ORACLE.share().phase == Phase::Refused
+    {
         return Err(not_serving(signals, Phase::Refused));
     }
     release_entry_at_exit();
@@ -179,7 +182,11 @@ impl PendingCall {
     fn abandon(&mut self) -> bool {
         self.answered = true;
         match QUEUE.exclusive() {
-            Ok(mut queue) => queue.queue().abandon(self.ticket, |r| r.code == ReplyCode::Unknown),
+            // Only a refusal or a rolled-back commit says the call was never carried out;
+            // "unknown" (the worker restarted mid-commit) may have been.
+            Ok(mut queue) => queue
+                .queue()
+                .abandon(self.ticket, |r| matches!(r.code, ReplyCode::Refused | ReplyCode::Failed)),
             Err(_) => false,
         }
     }

@@ -90,6 +90,10 @@ pub fn next(count: i64) -> Result<u64, TsoError> {
         Err(Blocked::NotServing(Phase::Refused)) => {
             return Err(not_serving(signals, Phase::Refused))
         }
+        // A cluster that has been a member, refusing to serve on its own: at once too.
+        Err(Blocked::Exhausted) if signals.may_serve_alone() == Some(false) => {
+            return Err(not_serving(signals, refusal_and_phase().1))
+        }
         Err(blocked) => blocked,
     };
     let mut last_block = blocked;
@@ -108,6 +112,7 @@ pub fn next(count: i64) -> Result<u64, TsoError> {
         None => Err(match last_block {
             Blocked::NotServing(phase) => not_serving(signals, phase),
             Blocked::Exhausted => match refusal_and_phase() {
+                (_, Phase::Refused) => not_serving(signals, Phase::Refused),
                 (Some(why), _) => TsoError::NotServing(why),
                 (None, phase) if phase != Phase::Serving => not_serving(signals, phase),
                 (None, _) => TsoError::WorkerTimeout {

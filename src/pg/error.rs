@@ -113,6 +113,12 @@ pub enum TsoError {
     #[error("member {system_id} is connected already (process {pid}) and reporting: another cluster with its identity is not served while it is")]
     MemberInUse { system_id: i64, pid: i32 },
 
+    /// A cluster that has been a member of a fleet, started without `tsoracle.oracle` (a
+    /// member's standby promoted where only the primary was configured): its own tables lack
+    /// what the fleet handed out, so it serves nothing until it left the fleet by the runbook.
+    #[error("tsoracle refuses to serve on its own: {0}")]
+    FormerMember(String),
+
     #[error("tsoracle internal error: {0}")]
     Internal(String),
 }
@@ -142,6 +148,7 @@ impl TsoError {
             TsoError::InsufficientPrivilege(_) => ERRCODE_INSUFFICIENT_PRIVILEGE,
             TsoError::SyncWaitCancelled(_) => ERRCODE_QUERY_CANCELED,
             TsoError::DropRefused { .. } | TsoError::UnloggedRefused(_) => ERRCODE_OBJECT_IN_USE,
+            TsoError::FormerMember(_) => ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
             TsoError::PrepareRefused => ERRCODE_FEATURE_NOT_SUPPORTED,
             TsoError::WaitOnItself(_) => ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
             TsoError::Busy { .. } => ERRCODE_LOCK_NOT_AVAILABLE,
@@ -230,6 +237,10 @@ impl TsoError {
             TsoError::MemberConnected { pid, .. } => Some(format!(
                 "Remove only a member that is gone for good: stop it, or clear tsoracle.oracle on it and restart it, then retry (SELECT pg_terminate_backend({pid}) ends its current connection, but it connects again)."
             )),
+            TsoError::FormerMember(_) => Some(
+                "If this cluster is still a member (a member's standby promoted without the setting), set tsoracle.oracle to its fleet's oracle and restart. To serve on its own, leave the fleet by the runbook (docs/operations/fleet.md, \"Leaving a fleet\"): copy the oracle's high-water and counters into this cluster's tables, then DELETE FROM tsoracle.member_oracle."
+                    .into(),
+            ),
             TsoError::MemberInUse { .. } => Some(
                 "A copy of that member (pg_basebackup, a restore) promoted beside it takes an identity of its own after twice tsoracle.extension_timeout_ms; the same cluster restarted waits for its old session to end."
                     .into(),

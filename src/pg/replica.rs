@@ -109,6 +109,35 @@ pub fn confirm_replicated() {
     }
 }
 
+/// After a commit of the worker's, before anything is handed out on it: whether the commit
+/// may be trusted to be on the synchronous standbys. A terminate (or a cancel) that ends the
+/// wait for them returns from the commit with only a WARNING; then the standbys may lack it,
+/// and nothing may be handed out on it (`tsoracle_core::seq::may_return_after_sync_wait`,
+/// the rule of `inplace::make_durable`). Without synchronous standbys nothing waits, and the
+/// commit is trusted unless such an interrupt is pending (the worker then exits anyway).
+pub fn commit_acknowledged() -> bool {
+    // SAFETY: volatile reads of this process's own globals (the end of its last commit record,
+    // set by its commit; the flags its signal handlers set) and of the acknowledged flush
+    // position in shared memory (WalSndCtl exists whenever a backend runs; an 8-byte aligned
+    // load, never torn; a stale value is lower, which only refuses).
+    let (lsn, acknowledged, interrupted) = unsafe {
+        let lsn = std::ptr::read_volatile(&raw const pg_sys::XactLastCommitEnd);
+        let interrupted = std::ptr::read_volatile(&raw const pg_sys::ProcDiePending) != 0
+            || std::ptr::read_volatile(&raw const pg_sys::QueryCancelPending) != 0;
+        let ctl = pg_sys::WalSndCtl;
+        let acknowledged = if ctl.is_null() {
+            0
+        } else {
+            std::ptr::read_volatile(&raw const (*ctl).lsn[pg_sys::SYNC_REP_WAIT_FLUSH as usize])
+        };
+        (lsn, acknowledged, interrupted)
+    };
+    tsoracle_core::seq::may_return_after_sync_wait(lsn, acknowledged, interrupted)
+}
+
+/// The error of a member's durable write whose commit `commit_acknowledged` does not trust.
+pub const NOT_ACKNOWLEDGED: &str = "the commit's wait for the synchronous standbys was cut short (a terminate or cancel): they may lack it, so nothing is handed out on it";
+
 /// WARNING when standbys stream from us but none is synchronous: a failover could then
 /// lose the last committed windows (the guarantee rests on clocks and failover_advance_ms).
 pub fn warn_if_unprotected() {

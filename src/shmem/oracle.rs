@@ -130,8 +130,15 @@ pub static ORACLE: PgLwLock<OracleState> = unsafe { PgLwLock::new(c"tsoracle_ora
 pub const HANDED_OVER: &str =
     "handed over by tso_handover(): this server issues nothing more until it restarts";
 
+/// The refusal of a cluster that has been a member of a fleet and was started without
+/// `tsoracle.oracle` (`tso_status().detail`; callers get `TsoError::FormerMember`).
+pub const FORMER_MEMBER: &str = "this cluster has been a member of a fleet (tsoracle.member_oracle holds a row) and has not left it by the runbook: it serves nothing on its own";
+
 /// The retryable error for a phase in which nothing is served.
 pub fn not_serving(signals: &Signals, phase: Phase) -> TsoError {
+    if phase == Phase::Refused && signals.may_serve_alone() == Some(false) && !guc::is_member() {
+        return TsoError::FormerMember(FORMER_MEMBER.to_string());
+    }
     let why = match phase {
         Phase::WaitingForExtension => format!(
             "CREATE EXTENSION tsoracle has not been run in database \"{}\" (tsoracle.database)",

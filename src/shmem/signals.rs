@@ -71,7 +71,16 @@ pub struct Signals {
     refence_requested: AtomicBool,
     /// On a member of a fleet: where the next value from the oracle may start.
     pub member_floor: CacheLine<super::member::MemberFloor>,
+    /// Whether this cluster may serve on its own (no `tsoracle.oracle`): `ALONE_UNKNOWN` until
+    /// the worker looked since the server started, `ALONE_YES`, or `ALONE_NO` (it has been a
+    /// member of a fleet and has not left it by the runbook: `tsoracle.member_oracle` holds a
+    /// row). Nothing is granted in place before the worker found `ALONE_YES`.
+    alone: std::sync::atomic::AtomicU8,
 }
+
+const ALONE_UNKNOWN: u8 = 0;
+const ALONE_YES: u8 = 1;
+const ALONE_NO: u8 = 2;
 
 // SAFETY: atomics, PostgreSQL condition variables (made to live in shared memory, used only
 // through ConditionVariable* calls, which lock them), and a pointer to a latch that is itself
@@ -178,6 +187,19 @@ impl Signals {
 
     pub fn handover_requested(&self) -> bool {
         self.handover_requested.load(Ordering::Acquire)
+    }
+
+    /// The worker found whether this cluster may serve on its own (see `alone`).
+    pub fn set_may_serve_alone(&self, may: bool) {
+        self.alone.store(if may { ALONE_YES } else { ALONE_NO }, Ordering::Release);
+    }
+
+    /// Whether this cluster may serve on its own: `None` while the worker has not looked.
+    pub fn may_serve_alone(&self) -> Option<bool> {
+        match self.alone.load(Ordering::Acquire) {
+            ALONE_UNKNOWN => None,
+            v => Some(v == ALONE_YES),
+        }
     }
 
     /// Stop serving at once and have the worker fence again (its durable state changed).
@@ -288,6 +310,7 @@ impl PgSharedMemoryInitialization for SharedSignals {
                     handover_requested: AtomicBool::new(false),
                     refence_requested: AtomicBool::new(false),
                     member_floor: CacheLine(super::member::MemberFloor::default()),
+                    alone: std::sync::atomic::AtomicU8::new(ALONE_UNKNOWN),
                 });
                 pg_sys::ConditionVariableInit((*ptr).window_moved.get());
                 pg_sys::ConditionVariableInit((*ptr).requests_answered.get());

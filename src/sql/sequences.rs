@@ -47,8 +47,13 @@ pub(super) fn advance(key: Option<&str>, count: Option<i32>) -> Result<i64, TsoE
     let key = checked_key(key)?;
     let count = checked_count(count)?;
     ensure_primary("advance a sequence")?;
-    if let Some(start) = crate::caller::seq_in_place::try_advance(key, count)? {
-        return Ok(start);
+    // In place only once the worker found that this cluster may serve on its own: a cluster
+    // that has been a member (its standby promoted without tsoracle.oracle) never grants from
+    // its own table, whose counters lack the fleet's blocks.
+    if crate::shmem::signals()?.may_serve_alone() == Some(true) {
+        if let Some(start) = crate::caller::seq_in_place::try_advance(key, count)? {
+            return Ok(start);
+        }
     }
     let replies = submit_waiting_for_locks(&[Request::new(RequestKind::SeqAdvance, key, count)])?;
     let reply = replies.first().copied().ok_or_else(|| TsoError::Internal("no reply".into()))?;

@@ -128,6 +128,13 @@ pub extern "C-unwind" fn tsoracle_worker_main(_arg: pg_sys::Datum) {
         if !wait_for_extension(signals, &database) {
             break;
         }
+        // A cluster that has been a member serves nothing on its own until it left the fleet.
+        if !super::member::wait_until_alone(signals) {
+            break;
+        }
+        if signals.handover_requested() {
+            continue;
+        }
         if !worker.fence(0) {
             return;
         }
@@ -147,7 +154,7 @@ pub extern "C-unwind" fn tsoracle_worker_main(_arg: pg_sys::Datum) {
 #[pg_guard]
 unsafe extern "C-unwind" fn on_worker_exit(_code: i32, _arg: pg_sys::Datum) {
     // A member's worker that exits with a lease grant in flight holds the resolved timestamp
-    // in its holder slot (`member_grants`): released on every exit, so R moves again.
+    // in its holder slot (`member/grants.rs`): released on every exit, so R moves again.
     if let Some(slot) = shmem::holders::HOLDERS.mine() {
         slot.clear();
     }

@@ -11,9 +11,9 @@
 //! and window extensions), `high_water` (the one monotonic path to the durable high-water),
 //! `fence`, `requests` (the group commit), `checks` (who may do what), `sequences` and
 //! `leases` (their parts of a group commit), `resolved` (publishing `R`); on a member of a
-//! fleet, `member` (the proxy to the oracle) and `member_calls` (what each call becomes
-//! there), `member_identity` (the identity it registers under) and its other `member_*` parts
-//! instead of the fence and the window.
+//! fleet, `member/` (the proxy to the oracle, and all of a member's own: what each call
+//! becomes there, its leases, its identity, its memory of the oracle, its own past) instead of
+//! the fence and the window.
 //!
 //! May use: `shmem` and `pg`. Never the caller's side or the SQL surface: it serves them
 //! through shared memory only.
@@ -26,11 +26,6 @@ mod high_water;
 mod leases;
 mod main;
 mod member;
-mod member_calls;
-mod member_grants;
-mod member_identity;
-mod member_oracle;
-mod member_past;
 mod requests;
 mod resolved;
 mod sequences;

@@ -15,10 +15,11 @@
 //!   with the HINT that fixes it), and serves once the oracle is seeded and the counters
 //!   copied;
 //! - a member leaves: `tso_handover()` on it, the oracle's high-water and counters copied into
-//!   its own tables, `tsoracle.oracle` deleted from its configuration file and a restart. As a
-//!   standalone cluster it goes on above everything it handed out as a member (the fleet runs
-//!   a minute ahead of the clock, so a leave without the copy would go back), and its
-//!   counters continue above its blocks;
+//!   its own tables, the mark of a member (`tsoracle.member_oracle`) deleted,
+//!   `tsoracle.oracle` deleted from its configuration file and a restart. As a standalone
+//!   cluster it goes on above everything it handed out as a member (the fleet runs a minute
+//!   ahead of the clock, so a leave without the copy would go back), and its counters
+//!   continue above its blocks;
 //! - the oracle is restored to a point in time while the old one is still readable:
 //!   `tso_handover()` on the old oracle, the restored one started with `tsoracle.database`
 //!   naming a database without the extension, so that it serves nothing — no timestamp, no
@@ -237,7 +238,7 @@ fn a_cluster_that_joined_without_the_runbook_hands_out_nothing_of_its_own_again(
 #[test]
 fn a_member_leaves_its_fleet_by_the_runbook_under_load() {
     let book = Runbook::load("leave.md", "leave");
-    book.expect_steps(&[(1, "sh"), (2, "sh")]);
+    book.expect_steps(&[(1, "sh"), (2, "sh"), (3, "sh")]);
     let oracle = serving_node("leave-oracle", NodeOpts::new());
     admit_members(&oracle);
     let conninfo = oracle_conninfo(&[oracle.port()], MEMBER_ROLE);
@@ -283,7 +284,11 @@ fn a_member_leaves_its_fleet_by_the_runbook_under_load() {
         own_high_water >= last_as_member >> 18,
         "the copied high-water bounds the member's values"
     );
-    // 3. tsoracle.oracle deleted from the configuration file that set it (the harness's), and
+    // 3. The mark of a member deleted (without it, the cluster refuses to serve on its own).
+    run_step(book.step(3), &leaving, &vars);
+    let marks = one_i64(&mut leaving.connect(), "SELECT count(*) FROM tsoracle.member_oracle");
+    assert_eq!(marks, 0, "the mark of a member is deleted");
+    // 4. tsoracle.oracle deleted from the configuration file that set it (the harness's), and
     //    a restart: a standalone cluster.
     leaving.unset_conf("tsoracle.oracle").expect("delete tsoracle.oracle");
     leaving.restart(StopMode::Fast).expect("restart standalone");

@@ -32,7 +32,7 @@ impl Proxy {
             let st = MEMBER.share();
             OracleSeen { system_id: st.oracle_system_id, epoch: st.oracle_epoch }
         };
-        let durable = super::super::member_oracle::read()?;
+        let durable = super::oracle::read()?;
         let seen = memory.merge(durable).admit(system_id, epoch).map_err(|e| match e {
             OracleRefused::Other { .. } => format!(
                 "{e}; if it replaced the old oracle on purpose, DELETE FROM tsoracle.member_oracle here and restart"
@@ -43,7 +43,7 @@ impl Proxy {
         self.identity.registered()?;
         if seen != durable {
             // Kept before anything of this epoch is handed out.
-            super::super::member_oracle::write(seen)?;
+            super::oracle::write(seen)?;
         }
         self.durable_epoch = seen.epoch;
         {
@@ -81,7 +81,7 @@ impl Proxy {
         if seen > self.durable_epoch {
             // The oracle fenced again at a higher epoch (a restore): kept before its answer
             // is handed out.
-            super::super::member_oracle::write(OracleSeen { system_id, epoch: seen })?;
+            super::oracle::write(OracleSeen { system_id, epoch: seen })?;
             self.durable_epoch = seen;
         }
         Ok(())

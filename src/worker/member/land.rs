@@ -2,8 +2,8 @@
 //! this cluster's own past) before its values, blocks or leases are handed out; what may be
 //! retried is retried, what was lost answers `40003`.
 
+use super::past;
 use super::*;
-use crate::worker::member_past;
 
 impl Proxy {
     /// A round trip came back: answer its calls. `Err` when the answer must not be trusted.
@@ -79,7 +79,7 @@ impl Proxy {
                         Ok(()) => answer(&answer_next(first, &calls)),
                         Err(below) => {
                             let tickets: Vec<Ticket> = calls.iter().map(|(t, _)| *t).collect();
-                            answer(&member_past::refusals(&tickets, &below, 1));
+                            answer(&past::refusals(&tickets, &below, 1));
                         }
                     }
                     Ok(())
@@ -153,9 +153,9 @@ impl Proxy {
                     }
                 };
                 self.count(took, 1, 0);
-                if let Err(below) = member_past::check(&self.own, &requests, &replies) {
+                if let Err(below) = past::check(&self.own, &requests, &replies) {
                     // Granted on the oracle, handed to no one: a gap, a lease never used.
-                    answer(&member_past::refusals(&[ticket], &below, requests.len()));
+                    answer(&past::refusals(&[ticket], &below, requests.len()));
                     return Ok(());
                 }
                 if let Err(why) = self.grants.note(&requests, &replies) {

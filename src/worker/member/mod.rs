@@ -25,17 +25,21 @@
 //!
 //! Files: `mod.rs` the link (connecting, waiting, serving a turn, going down), `send.rs` the
 //! calls taken from the queue and sent, `land.rs` the flights in the pipeline as they land,
-//! `hello.rs` the hello and the epoch checks.
+//! `hello.rs` the hello and the epoch checks, `calls.rs` what each call becomes on the oracle,
+//! `grants.rs` the leases granted through this member (`tsoracle.member_lease`),
+//! `identity.rs` its identity (`tsoracle.member_identity`), `oracle.rs` its memory of the
+//! oracle (`tsoracle.member_oracle`), `past.rs` its own past (`OwnPast`).
 
+mod alone;
+mod calls;
+mod grants;
 mod hello;
+mod identity;
 mod land;
+mod oracle;
+mod past;
 mod send;
 
-use super::member_calls::{
-    answer_call, answer_next, call_statement, lost, remote, rereadable, RETRYABLE,
-};
-use super::member_grants::{grants_lease, Grants};
-use super::member_identity::Identity;
 use super::state::{refuse, set_phase, Worker};
 use crate::pg::clock;
 use crate::pg::guc;
@@ -43,6 +47,10 @@ use crate::pg::libpq::{checked_conninfo, Conn, Event, LibpqError, PgResult, Prog
 use crate::pg::wait_set::SocketWait;
 use crate::shmem::member::{Text, MEMBER};
 use crate::shmem::{self, Phase, Reply, ReplyCode, Request, RequestKind, Signals, QUEUE};
+pub(crate) use alone::wait_until_alone;
+use calls::{answer_call, answer_next, call_statement, lost, remote, rereadable, RETRYABLE};
+use grants::{grants_lease, Grants};
+use identity::Identity;
 use pgrx::bgworkers::BackgroundWorker;
 use pgrx::prelude::*;
 use std::collections::VecDeque;
@@ -178,10 +186,10 @@ pub(super) fn run(signals: &'static Signals, conninfo: String, shown: String) {
     pgrx::warning!(
         "tsoracle was built with the feature handoff-floor: this member answers tso_next() without its oracle, for make bench only; its values are not the fleet's"
     );
-    let Some(own) = super::member_past::load() else { return };
+    let Some(own) = past::load() else { return };
     // The leases granted through this member before it (or its worker) restarted hold its R
     // before anything is served.
-    let Some(grants) = super::member_grants::Grants::load() else { return };
+    let Some(grants) = Grants::load() else { return };
     let Some(identity) = Identity::load() else { return };
     let mut proxy = Proxy {
         signals,

@@ -193,7 +193,7 @@ fn release_hold() {
 /// Keep grants in `tsoracle.member_lease`, committed (and on synchronous standbys) before this
 /// returns.
 fn keep(grants: &[(i64, PublishedBound)]) -> Result<(), String> {
-    sql_transaction("cannot keep a lease granted through this member", || {
+    super::oracle::durable_transaction("cannot keep a lease granted through this member", || {
         for (id, b) in grants {
             Spi::run_with_args(
                 "INSERT INTO tsoracle.member_lease AS m (lease_id, lower_ms, upper_ms, expires_at_ms, expires_mono_ms) \

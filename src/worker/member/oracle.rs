@@ -25,9 +25,23 @@ pub(super) fn read() -> Result<OracleSeen, String> {
     })
 }
 
-/// Keep `seen` durably (the epoch never lowered), committed before this returns.
+/// [`sql_transaction`] of a write that something is handed out on: `Err` also when its commit
+/// is not known to be on the synchronous standbys (`pg::replica::commit_acknowledged`).
+pub(super) fn durable_transaction<T>(
+    what: &str,
+    f: impl FnOnce() -> Result<T, pgrx::spi::Error>,
+) -> Result<T, String> {
+    let value = sql_transaction(what, f)?;
+    if !crate::pg::replica::commit_acknowledged() {
+        return Err(format!("{what}: {}", crate::pg::replica::NOT_ACKNOWLEDGED));
+    }
+    Ok(value)
+}
+
+/// Keep `seen` durably (the epoch never lowered), committed, and on the synchronous standbys,
+/// before this returns.
 pub(super) fn write(seen: OracleSeen) -> Result<(), String> {
-    sql_transaction("cannot keep the oracle's epoch in tsoracle.member_oracle", || {
+    durable_transaction("cannot keep the oracle's epoch in tsoracle.member_oracle", || {
         Spi::run_with_args(
             "INSERT INTO tsoracle.member_oracle AS m (id, system_id, epoch) VALUES (true, $1, $2) \
              ON CONFLICT (id) DO UPDATE SET system_id = EXCLUDED.system_id, \

@@ -3,7 +3,7 @@
 //! oracle checked against it (`tsoracle_core::member::OwnPast`), so that nothing is handed out
 //! twice when the oracle was not seeded above it.
 
-use super::member_calls::remote;
+use super::calls::remote;
 use crate::pg::xact::sql_transaction;
 use crate::shmem::member::MEMBER;
 use crate::shmem::{Reply, ReplyCode, Request, RequestKind};
@@ -13,7 +13,7 @@ use tsoracle_core::queue::Ticket;
 
 /// What this cluster issued on its own, from its own tables (`None`: shutting down).
 pub(super) fn load() -> Option<OwnPast> {
-    let own = super::state::read_at_start(|| {
+    let own = crate::worker::state::read_at_start(|| {
         sql_transaction("tsoracle member cannot read its own tables", || {
             Spi::connect(|client| {
                 let mut high_water = 0;

@@ -31,7 +31,7 @@ fn timeline() -> u32 {
 impl Identity {
     /// What the member's table holds (`None`: shutting down).
     pub(super) fn load() -> Option<Identity> {
-        super::state::read_at_start(Self::read)
+        crate::worker::state::read_at_start(Self::read)
     }
 
     /// What the member's table holds (no row: the system identifier, on no known timeline).
@@ -62,14 +62,17 @@ impl Identity {
 
     /// Keep `id` on `timeline` durably, committed before this returns.
     fn write(&mut self, id: u64, timeline: u32) -> Result<(), String> {
-        sql_transaction("cannot keep this member's identity in tsoracle.member_identity", || {
-            Spi::run_with_args(
-                "INSERT INTO tsoracle.member_identity AS m (id, member_id, timeline) \
+        super::oracle::durable_transaction(
+            "cannot keep this member's identity in tsoracle.member_identity",
+            || {
+                Spi::run_with_args(
+                    "INSERT INTO tsoracle.member_identity AS m (id, member_id, timeline) \
                  VALUES (true, $1, $2) ON CONFLICT (id) DO UPDATE SET member_id = \
                  EXCLUDED.member_id, timeline = EXCLUDED.timeline, updated_at = pg_catalog.now()",
-                &[(id as i64).into(), i64::from(timeline).into()],
-            )
-        })?;
+                    &[(id as i64).into(), i64::from(timeline).into()],
+                )
+            },
+        )?;
         self.kept = MemberIdentity { id, timeline: Some(timeline) };
         Ok(())
     }
