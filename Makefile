@@ -98,8 +98,10 @@ test-layers:
 install: build-deps
 	scripts/install-ext.sh "$$(scripts/pg-install.sh $(PG_MAJOR))/pg_config"
 
+# (and the harness's own unit tests: the runbook pages' parser, tests/src/runbook.rs).
 test-core:
 	cargo test -p tsoracle-core -p tsoracle-relay
+	cargo test -p tsoracle-tests --lib
 
 # Every test runs against a private copy of the PostgreSQL installation (scripts/test-pg.sh):
 # nothing a test builds is ever written where a user's server loads its library from.

@@ -102,10 +102,15 @@ fn blocks_on(node: &Node, keys: &[&str], dense: &DenseHistory) -> SeqLoad {
 
 /// A standalone cluster with timestamps and counters of its own joins a fleet by the runbook,
 /// under load on itself, on the oracle and on another member.
+/// The blocks (step, language) each runbook page holds, which its test runs.
+const JOIN_STEPS: &[(u32, &str)] = &[(1, "sh"), (2, "sh")];
+const LEAVE_STEPS: &[(u32, &str)] = &[(1, "sh"), (2, "sh"), (3, "sh")];
+const PITR_STEPS: &[(u32, &str)] = &[(1, "sh"), (2, "ini"), (3, "sh")];
+
 #[test]
 fn a_cluster_joins_a_fleet_by_the_runbook_under_load() {
     let book = Runbook::load("join.md", "join");
-    book.expect_steps(&[(1, "sh"), (2, "sh")]);
+    book.expect_steps(JOIN_STEPS);
     let oracle = serving_node("join-oracle", NodeOpts::new());
     admit_members(&oracle);
     let conninfo = oracle_conninfo(&[oracle.port()], MEMBER_ROLE);
@@ -238,7 +243,7 @@ fn a_cluster_that_joined_without_the_runbook_hands_out_nothing_of_its_own_again(
 #[test]
 fn a_member_leaves_its_fleet_by_the_runbook_under_load() {
     let book = Runbook::load("leave.md", "leave");
-    book.expect_steps(&[(1, "sh"), (2, "sh"), (3, "sh")]);
+    book.expect_steps(LEAVE_STEPS);
     let oracle = serving_node("leave-oracle", NodeOpts::new());
     admit_members(&oracle);
     let conninfo = oracle_conninfo(&[oracle.port()], MEMBER_ROLE);
@@ -330,7 +335,7 @@ fn a_member_leaves_its_fleet_by_the_runbook_under_load() {
 #[test]
 fn the_oracle_restored_to_a_point_in_time_serves_its_fleet_above_everything() {
     let book = Runbook::load("oracle-pitr.md", "oracle-pitr");
-    book.expect_steps(&[(1, "sh"), (2, "ini"), (3, "sh")]);
+    book.expect_steps(PITR_STEPS);
     let keep_off = settings(book.step(2)).unwrap_or_else(|e| panic!("{e}"));
     assert!(!keep_off.is_empty(), "step 2 sets something");
     let archive = WalArchive::new("pitr-oracle-archive").expect("archive directory");
@@ -445,9 +450,9 @@ fn the_oracle_restored_to_a_point_in_time_serves_its_fleet_above_everything() {
 fn the_runbook_pages_are_what_the_tests_run_and_a_drifted_page_is_refused() {
     type Steps = &'static [(u32, &'static str)];
     let books: [(&str, &str, Steps); 3] = [
-        ("join.md", "join", &[(1, "sh"), (2, "sh")]),
-        ("leave.md", "leave", &[(1, "sh"), (2, "sh")]),
-        ("oracle-pitr.md", "oracle-pitr", &[(1, "sh"), (2, "ini"), (3, "sh")]),
+        ("join.md", "join", JOIN_STEPS),
+        ("leave.md", "leave", LEAVE_STEPS),
+        ("oracle-pitr.md", "oracle-pitr", PITR_STEPS),
     ];
     for entry in std::fs::read_dir(pages_dir()).expect("docs/operations/fleet") {
         let path = entry.unwrap().path();
