@@ -51,7 +51,8 @@ pub(super) fn wait_on_latch<T>(
 /// As [`submit`], but a call refused only because another transaction held the table or a
 /// row it needs (every reply `Busy` or not granted: nothing was handed out) is queued again,
 /// as an `INSERT` or `UPDATE` would wait for the lock: a brief lock (pg_repack's swap, a quick
-/// `LOCK TABLE`) delays the call instead of failing it. The wait is bounded by the caller's
+/// `LOCK TABLE`) delays the call instead of failing it (a lock of the caller's own transaction
+/// fails it at once). The wait is bounded by the caller's
 /// `lock_timeout` if it has one, else by `tsoracle.extension_timeout_ms`, on the monotonic
 /// clock; `statement_timeout` and a cancel end it as they end any wait.
 pub fn submit_waiting_for_locks(requests: &[Request]) -> Result<Vec<Reply>, TsoError> {
@@ -59,11 +60,19 @@ pub fn submit_waiting_for_locks(requests: &[Request]) -> Result<Vec<Reply>, TsoE
     let lock_timeout = i64::from(unsafe { pg_sys::LockTimeout });
     let bound_ms = if lock_timeout > 0 { lock_timeout } else { guc::extension_timeout_ms() };
     let started = Instant::now();
+    // SAFETY: a plain read of a backend global.
+    let me = unsafe { pg_sys::MyProcPid };
     loop {
         let replies = submit(requests)?;
         let busy = replies.iter().any(|r| r.code == ReplyCode::Busy);
         let granted = replies.iter().any(|r| r.code == ReplyCode::Ok);
-        if !busy || granted || started.elapsed().as_millis() as i64 >= bound_ms {
+        // A lock the caller's own transaction holds is never released by waiting.
+        let own = replies.iter().any(|r| {
+            r.code == ReplyCode::Busy
+                && crate::pg::locks::Blocker::decode(r.value)
+                    == crate::pg::locks::Blocker::Process(me)
+        });
+        if !busy || granted || own || started.elapsed().as_millis() as i64 >= bound_ms {
             return Ok(replies);
         }
         // SAFETY: waiting on our own latch (only its owner may wait on it), as above.
