@@ -99,10 +99,13 @@ unsafe extern "C-unwind" fn invalidated(_arg: pg_sys::Datum, relid: pg_sys::Oid)
 /// # Safety
 /// `rel` is an open relation, locked at least `ROW EXCLUSIVE` by this transaction.
 pub unsafe fn as_installed(rel: pg_sys::Relation, table: &Installed) -> bool {
-    if !REGISTERED.swap(true, Ordering::Relaxed) {
+    if !REGISTERED.load(Ordering::Relaxed) {
         // SAFETY: once per process (a backend is single-threaded); the callback only touches
-        // this module's process-local atomics, so it may run at any invalidation.
+        // this module's process-local atomics, so it may run at any invalidation. Marked
+        // registered only once it is (PostgreSQL's list of callbacks is bounded, and a full
+        // one raises an error here): until then nothing is remembered.
         unsafe { pg_sys::CacheRegisterRelcacheCallback(Some(invalidated), pg_sys::Datum::from(0)) };
+        REGISTERED.store(true, Ordering::Relaxed);
     }
     // Invalidations that arrived without a lock acquisition of ours (the caller may have
     // held the lock already, which skips reading them) are read now.
