@@ -446,7 +446,7 @@ fn the_runbook_pages_are_what_the_tests_run_and_a_drifted_page_is_refused() {
     type Steps = &'static [(u32, &'static str)];
     let books: [(&str, &str, Steps); 3] = [
         ("join.md", "join", &[(1, "sh"), (2, "sh")]),
-        ("leave.md", "leave", &[(1, "sh"), (2, "sh")]),
+        ("leave.md", "leave", &[(1, "sh"), (2, "sh"), (3, "sh")]),
         ("oracle-pitr.md", "oracle-pitr", &[(1, "sh"), (2, "ini"), (3, "sh")]),
     ];
     for entry in std::fs::read_dir(pages_dir()).expect("docs/operations/fleet") {
