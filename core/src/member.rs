@@ -8,6 +8,12 @@
 //!   oracle answers at or below it is handed out.
 //! - [`OracleSeen`]: the oracle a member was served by, kept durably: another cluster, or an
 //!   older epoch, is refused after any restart.
+//! - [`above_fetched`] and [`kept_past_ms`]: a member's own past as a member. Nothing the
+//!   oracle answers below what it fetched before in this server's life is handed out; and a
+//!   lagging bound of it, kept in the member's own high-water, makes [`OwnPast`] refuse it
+//!   after a restart too.
+//! - [`lease_above_resolved`]: a lease grant is handed out only if its holder's lowest stamp
+//!   is above the member's resolved timestamp (a lost answer's idempotent re-grant may not be).
 
 /// The first value of each call's range, for calls asking `counts` values each, out of the
 /// answer that starts at `first` (the oracle answered `counts.iter().sum()` values).
@@ -70,6 +76,71 @@ impl EpochGate {
     }
 }
 
+/// An answer of the oracle whose first value is below what this member fetched before: never
+/// correct (a deposed primary, an oracle restored or replaced behind the member's back).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("the oracle answered {first}, below {floor}, one past the highest value it answered this member before: a deposed primary, or an oracle that went back")]
+pub struct BelowFetched {
+    pub first: u64,
+    pub floor: u64,
+}
+
+/// An answer of the oracle that starts at `first` may be handed out by a member that fetched
+/// every value below `floor` (one past the highest value of every answer it fetched before in
+/// this server's life, 0 for none): a correct oracle issued each later answer after the earlier
+/// ones came back (on one connection, in order; on a new one, after the old one's answers were
+/// read), so above all of them. Only a wrong oracle is refused.
+pub fn above_fetched(first: u64, floor: u64) -> Result<(), BelowFetched> {
+    if first >= floor {
+        Ok(())
+    } else {
+        Err(BelowFetched { first, floor })
+    }
+}
+
+/// The bound a member keeps durably in its own high-water (`tsoracle.high_water.physical_ms`)
+/// once it fetched every value below `floor`: the millisecond before that of the highest value
+/// fetched. It lags (what it fetched in that millisecond is not covered), so that every later
+/// answer of a correct oracle, and every lease it grants later, is in a millisecond above it,
+/// and [`OwnPast`] (which refuses a millisecond at or below its high-water) never refuses one.
+pub fn kept_past_ms(floor: u64) -> u64 {
+    match floor {
+        0 => 0,
+        f => crate::timestamp::physical_ms(f - 1).saturating_sub(1),
+    }
+}
+
+/// A lease grant whose holder may stamp from millisecond `from_ms` is below what this member's
+/// resolved timestamp may reach.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("the lease's lowest stamp (millisecond {from_ms}) is at or below this member's resolved timestamp {resolved} or the value {held} it held the resolved timestamp below while the grant was in flight: an answer granted before and lost")]
+pub struct LeaseBelowResolved {
+    pub from_ms: u64,
+    pub held: u64,
+    pub resolved: u64,
+}
+
+/// A lease grant through a member, whose holder stamps from millisecond `from_ms` on, may be
+/// handed out: its first stamp is above `resolved` (the highest resolved timestamp this member
+/// computed or published) and at or above `held` (the value the worker's holder slot held the
+/// resolved timestamp below while the grant was in flight, so that no resolved timestamp
+/// computed before the grant is published passes it). A grant the oracle made for this call
+/// always is (its lowest stamp is past a value the oracle issued after the member fetched
+/// everything below `held`); the idempotent re-grant of one whose answer was lost may not be.
+pub fn lease_above_resolved(
+    from_ms: u64,
+    held: u64,
+    resolved: u64,
+) -> Result<(), LeaseBelowResolved> {
+    let first = crate::timestamp::pack(from_ms.min(crate::timestamp::MAX_PHYSICAL_MS), 0)
+        .unwrap_or(u64::MAX);
+    if first > resolved && first >= held {
+        Ok(())
+    } else {
+        Err(LeaseBelowResolved { from_ms, held, resolved })
+    }
+}
+
 /// What a cluster issued on its own, as its own tables hold it when its worker starts as a
 /// member: the durable high-water (every timestamp it issued, and every lease bound it granted,
 /// is in a millisecond at or below it) and the counters (every block it granted of a key is
@@ -85,7 +156,7 @@ pub struct OwnPast {
 /// A value from the oracle that repeats one this cluster issued on its own.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum BelowOwnPast {
-    #[error("the oracle's timestamps are in millisecond {got_ms}, at or below this cluster's own high-water {high_water_ms} ms: this cluster issued timestamps there before it joined the fleet")]
+    #[error("the oracle's timestamps are in millisecond {got_ms}, at or below this cluster's own high-water {high_water_ms} ms: this cluster issued timestamps there on its own before it joined the fleet, or handed them out as a member")]
     Timestamps { got_ms: u64, high_water_ms: u64 },
     #[error("the oracle's block of counter \"{key}\" starts at {start}, below {next}, where this cluster's own counter stood before it joined the fleet")]
     Counter { key: String, start: u64, next: u64 },
@@ -216,5 +287,97 @@ impl MemberIdentity {
             id = id.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
         }
         id
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::timestamp::{pack, physical_ms, MAX_LOGICAL};
+    use proptest::prelude::*;
+
+    #[test]
+    fn a_member_that_fetched_nothing_accepts_anything() {
+        assert_eq!(above_fetched(0, 0), Ok(()));
+        assert_eq!(kept_past_ms(0), 0);
+        assert_eq!(kept_past_ms(1), 0);
+    }
+
+    #[test]
+    fn the_kept_bound_lags_by_a_millisecond() {
+        let v = pack(1_000, 5).unwrap();
+        assert_eq!(kept_past_ms(v + 1), 999);
+        let own = OwnPast::new(kept_past_ms(v + 1), []);
+        // The rest of v's millisecond, and later, are accepted; the millisecond before is not.
+        assert!(own.check_timestamps(v + 1).is_ok());
+        assert!(own.check_timestamps(pack(1_000, 0).unwrap()).is_ok());
+        assert!(own.check_timestamps(pack(999, MAX_LOGICAL).unwrap()).is_err());
+    }
+
+    #[test]
+    fn a_lost_answer_s_regrant_below_r_is_refused() {
+        // The numbers: a lower bound of 1796516504527 ms, R at 1796516512128 ms.
+        let r = pack(1_796_516_512_128, 0).unwrap();
+        assert!(lease_above_resolved(1_796_516_504_527, 0, r).is_err());
+        assert!(lease_above_resolved(1_796_516_512_129, 0, r).is_ok());
+        // At R's own millisecond: its first stamp is at or below R.
+        assert!(lease_above_resolved(1_796_516_512_128, 0, r).is_err());
+        // Below the value held while in flight: refused even if R has not passed it yet.
+        assert!(lease_above_resolved(10, pack(11, 0).unwrap(), 0).is_err());
+    }
+
+    proptest! {
+        /// Every later answer of a correct oracle (above every value fetched before) passes
+        /// both the in-memory check and, after a restart, OwnPast over the kept bound.
+        #[test]
+        fn a_correct_oracle_s_later_answers_are_never_refused(
+            highest in 0u64..(1 << 62),
+            ahead in 1u64..(1 << 40),
+        ) {
+            let floor = highest + 1;
+            let later = highest.saturating_add(ahead);
+            prop_assert!(above_fetched(later, floor).is_ok());
+            let own = OwnPast::new(kept_past_ms(floor), []);
+            prop_assert!(own.check_timestamps(later).is_ok());
+            // A lease granted later: its lowest stamp is the millisecond after a later value.
+            prop_assert!(own.check_lease(crate::lease::stamp_from_ms(later)).is_ok());
+        }
+
+        /// An answer at or below what was fetched before is refused in memory; after a
+        /// restart, every one in a millisecond before the highest value's is refused.
+        #[test]
+        fn an_answer_below_the_member_s_past_is_refused(
+            highest in 0u64..(1 << 62),
+            below in 0u64..(1 << 40),
+        ) {
+            let floor = highest + 1;
+            let first = highest.saturating_sub(below);
+            prop_assert!(above_fetched(first, floor).is_err());
+            let own = OwnPast::new(kept_past_ms(floor), []);
+            if physical_ms(first) < physical_ms(highest) {
+                prop_assert!(own.check_timestamps(first).is_err());
+            }
+        }
+
+        /// A grant the oracle made for the call (its lowest stamp the millisecond after a value
+        /// issued at or above everything fetched when the call left) is above every resolved
+        /// timestamp the member could have computed: R is below what it fetched.
+        #[test]
+        fn a_fresh_grant_is_never_refused(
+            held in 1u64..(1 << 62),
+            issued_above in 0u64..(1 << 40),
+            r_below in 1u64..(1 << 40),
+        ) {
+            let issued = held.saturating_add(issued_above);
+            let resolved = held.saturating_sub(r_below);
+            prop_assert!(lease_above_resolved(crate::lease::stamp_from_ms(issued), held, resolved).is_ok());
+        }
+
+        /// A grant whose first stamp is at or below R is never handed out.
+        #[test]
+        fn a_grant_at_or_below_r_is_refused(from_ms in 0u64..(1 << 45), held in 0u64..(1 << 62), r in 0u64..(1 << 63)) {
+            let first = pack(from_ms, 0).unwrap();
+            prop_assert_eq!(lease_above_resolved(from_ms, held, r).is_ok(), first > r && first >= held);
+        }
     }
 }

@@ -34,12 +34,25 @@ impl Worker {
         let local = on_time && r > self.signals.published_resolved().0;
         // The fleet's R_f, from this R and the members' entries, in the same transaction.
         let fleet = oracle && (on_time || urgent) && super::fleet::due(r);
-        if !local && !fleet {
+        // On a member: a lagging bound of what it fetched, raised in its own high-water in
+        // the same transaction (refused below after a restart: member/past.rs).
+        let past = if !oracle && on_time { super::member::past_due(self.signals) } else { None };
+        if !local && !fleet && past.is_none() {
             return;
         }
+        let past_written = std::cell::Cell::new(false);
         let written = transaction(|| -> Result<Option<super::fleet::Written>, pgrx::spi::Error> {
             if local {
                 publish(Published::Local, r)?;
+            }
+            if let Some(ms) = past {
+                // In a subtransaction: a high-water row locked or broken holds up this bound,
+                // not R.
+                match subtransaction(|| super::member::keep_past(ms)) {
+                    Ok(Ok(())) => past_written.set(true),
+                    Ok(Err(e)) => warn_past(&e.to_string()),
+                    Err(e) => warn_past(&e.to_string()),
+                }
             }
             // In a subtransaction: a fleet table locked or broken holds up R_f, not R.
             Ok(if fleet {
@@ -71,6 +84,9 @@ impl Worker {
                 if local {
                     self.signals.set_published_resolved(r, clock::now_ms());
                 }
+                if let Some(ms) = past.filter(|_| past_written.get()) {
+                    super::member::past_kept(ms);
+                }
                 if let Some(w) = fleet {
                     super::fleet::committed(w, clock::now_ms());
                 }
@@ -85,6 +101,16 @@ impl Worker {
             WARNED_MONO_MS.set(now);
             pgrx::warning!("tsoracle could not publish the resolved timestamp {r}: {failure}; retrying every tsoracle.resolved_interval_ms");
         }
+    }
+}
+
+/// Once a minute at most: a member's bound of its past is tried again every interval.
+fn warn_past(failure: &str) {
+    thread_local! { static WARNED_MONO_MS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) }; }
+    let now = clock::mono_ms();
+    if WARNED_MONO_MS.get() == 0 || now.saturating_sub(WARNED_MONO_MS.get()) >= 60_000 {
+        WARNED_MONO_MS.set(now.max(1));
+        pgrx::warning!("tsoracle member could not raise its own high-water to what it handed out: {failure}; retrying every tsoracle.resolved_interval_ms");
     }
 }
 

@@ -8,7 +8,15 @@
 //!   on it (the oracle's high-water and counters copied in, `tsoracle.member_oracle` emptied),
 //!   it serves on its own, above every block handed out;
 //! - a member whose commit of a lease grant is cut short during its wait for the synchronous
-//!   standbys (`pg_terminate_backend` of its worker) never hands that lease out.
+//!   standbys (`pg_terminate_backend` of its worker) never hands that lease out;
+//! - a member that missed the oracle's failover (its `tsoracle.member_oracle` row deleted, then
+//!   restarted), served by the deposed primary brought back by hand, hands out nothing at or
+//!   below what it handed out before: the deposed primary's answers, below the member's own
+//!   past (kept in its own `tsoracle.high_water`), are refused `55000`;
+//! - a lease whose answer was lost (the oracle's worker paused past the member's
+//!   `tsoracle.extension_timeout_ms`: `40003`, granted later), acquired again by its holder at
+//!   the same epoch once the member's `R` has passed its lowest stamp, comes back renewed: its
+//!   `ts_lower_bound` above the member's `R`.
 //!
 //! Run with: `cargo test -p tsoracle-tests --test fleet_members -- --test-threads=2`
 
@@ -16,7 +24,10 @@ use std::time::{Duration, Instant};
 
 use postgres::error::SqlState;
 use tsoracle_tests::cluster::{make_sync, promote, wait_replayed};
-use tsoracle_tests::fleet::{admit_members, copy_between, member, oracle_conninfo, MEMBER_ROLE};
+use tsoracle_tests::fleet::{
+    admit_members, copy_between, member, member_opts, oracle_conninfo, MEMBER_ROLE,
+};
+use tsoracle_tests::tso::now_ms;
 use tsoracle_tests::{pg_error_string, poll_until, serving_node, Node, NodeOpts, StopMode};
 
 /// A member's standby promoted without the setting refuses to serve alone until the cluster
@@ -159,4 +170,149 @@ fn a_members_grant_cut_short_in_its_sync_wait_is_not_handed_out() {
         Ok(lease) => panic!("lease {lease} handed out from a commit its standby may lack"),
         Err(e) => eprintln!("refused: {}", pg_error_string(&e)),
     }
+}
+
+/// A member that missed the oracle's failover (its memory of the epoch gone: its
+/// `tsoracle.member_oracle` row deleted and the member restarted) is served by the deposed
+/// primary brought back by hand. The new primary ran an hour ahead, so the deposed one answers
+/// below what the member handed out: refused, nothing handed out at or below it.
+#[test]
+fn a_member_that_missed_the_epoch_hands_out_nothing_below_its_past() {
+    let mut old = serving_node("past-old", NodeOpts::new());
+    admit_members(&old);
+    let mut new = Node::base_backup_from(&old, "past-new").expect("pg_basebackup");
+    new.start().expect("start the oracle's standby");
+    let mut m = member("past-m", &oracle_conninfo(&[old.port(), new.port()], MEMBER_ROLE));
+    let mut c = m.connect();
+    let before: i64 = c.query_one("SELECT tso_next()", &[]).expect("tso_next").get(0);
+    tsoracle_tests::cluster::wait_replayed(&old, &new).expect("replayed");
+    old.stop(StopMode::Fast).expect("stop the oracle's primary");
+    promote(&new).expect("promote the oracle's standby");
+    let ahead = now_ms() + 3_600_000;
+    new.connect().execute("SELECT tso_seed($1::bigint)", &[&ahead]).expect("tso_seed");
+    let mut highest: i64 =
+        poll_until("the member serves from the new primary", Duration::from_secs(30), || {
+            c.query_one("SELECT tso_next()", &[]).ok().map(|r| r.get(0))
+        });
+    assert!(highest > before && highest >> 18 >= ahead, "{highest} from the seeded primary");
+    for _ in 0..10 {
+        highest = highest.max(c.query_one("SELECT tso_next()", &[]).expect("tso_next").get(0));
+    }
+    // The member keeps a bound of what it handed out in its own high-water (it lags by an
+    // interval of tsoracle.resolved_interval_ms). Waited for, not asserted: what is checked is
+    // what the member hands out below.
+    let waited = Instant::now();
+    while waited.elapsed() < Duration::from_secs(10) {
+        let kept: Option<i64> = c
+            .query_opt("SELECT physical_ms FROM tsoracle.high_water", &[])
+            .expect("the member's high-water")
+            .map(|r| r.get(0));
+        if kept.is_some_and(|k| k >= (highest >> 18) - 1) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    // The new primary gone, the member's memory of its epoch deleted, the old primary back
+    // read-write at its old epoch, the member restarted.
+    new.stop(StopMode::Fast).expect("stop the new primary");
+    c.batch_execute("DELETE FROM tsoracle.member_oracle").expect("forget the epoch");
+    drop(c);
+    old.start().expect("start the deposed primary, as a primary");
+    old.wait_serving().expect("the deposed primary serves its own clients");
+    m.restart(StopMode::Fast).expect("restart the member");
+    let mut c = m.connect();
+    let started = Instant::now();
+    let mut refused = None;
+    while started.elapsed() < Duration::from_secs(10) {
+        for sql in [
+            "SELECT tso_next()",
+            "SELECT ts_lower_bound FROM tso_lease_acquire_bounds('p', 1, 10000)",
+        ] {
+            match c.query_one(sql, &[]) {
+                Ok(row) => {
+                    let v: i64 = row.get(0);
+                    let v = if sql.contains("lease") { v << 18 } else { v };
+                    panic!("{sql} handed out {v}, at or below {highest} handed out before");
+                }
+                Err(e) => {
+                    if e.code() == Some(&SqlState::OBJECT_NOT_IN_PREREQUISITE_STATE) {
+                        refused = Some(pg_error_string(&e));
+                    }
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let refused = refused.expect("the deposed primary's answers refused 55000");
+    assert!(refused.contains("high-water"), "{refused}");
+    // The deposed primary's epoch is below the new one's, which the member no longer knows:
+    // only its own past refuses it.
+    let epoch: i64 =
+        c.query_one("SELECT oracle_epoch FROM tso_member_status()", &[]).expect("status").get(0);
+    eprintln!("refused at the deposed primary's epoch {epoch}: {refused}");
+}
+
+/// The lost lease: a member's `tso_lease_acquire_bounds('lost', 1, 60000)` while the
+/// oracle's worker is paused 2.3 s (the member's `tsoracle.extension_timeout_ms` is 2 s) fails
+/// `40003`, and the oracle grants it once its worker goes on. Acquired again by its holder at
+/// the same epoch 7 s later, once the member's `R` has passed that grant's lowest stamp, it
+/// comes back with its lowest stamp above `R`: a row its holder stamps at it is never missed
+/// by a reader of everything up to `R`.
+#[test]
+fn a_lease_whose_answer_was_lost_comes_back_above_r() {
+    let oracle = serving_node("lostl-oracle", NodeOpts::new());
+    admit_members(&oracle);
+    let conninfo = oracle_conninfo(&[oracle.port()], MEMBER_ROLE);
+    let m = serving_node(
+        "lostl-m",
+        member_opts(&conninfo).setting("tsoracle.extension_timeout_ms", 2000),
+    );
+    let mut c = m.connect();
+    c.query_one("SELECT tso_next()", &[]).expect("warm");
+    let worker = oracle.worker_pid();
+    oracle.pause_pid(worker, true);
+    let conn = m.conninfo();
+    let call = std::thread::spawn(move || {
+        let mut c = postgres::Client::connect(&conn, postgres::NoTls).expect("connect");
+        c.query_one("SELECT ts_lower_bound FROM tso_lease_acquire_bounds('lost', 1, 60000)", &[])
+            .map(|r| r.get::<_, i64>(0))
+    });
+    std::thread::sleep(Duration::from_millis(2300));
+    oracle.pause_pid(worker, false);
+    match call.join().expect("the caller") {
+        Ok(lb) => eprintln!("the first acquire was answered after all (lower bound {lb} ms)"),
+        Err(e) => assert_eq!(
+            e.code(),
+            Some(&SqlState::T_R_STATEMENT_COMPLETION_UNKNOWN),
+            "{}",
+            pg_error_string(&e)
+        ),
+    }
+    // The oracle granted it.
+    let granted: i64 = poll_until("the oracle grants the lease", Duration::from_secs(10), || {
+        let n: i64 = oracle
+            .connect()
+            .query_one("SELECT count(*) FROM tsoracle.lease WHERE holder = 'lost'", &[])
+            .expect("the oracle's leases")
+            .get(0);
+        (n > 0).then_some(n)
+    });
+    assert_eq!(granted, 1);
+    std::thread::sleep(Duration::from_secs(7));
+    let r: i64 = c.query_one("SELECT tso_resolved()", &[]).expect("tso_resolved").get(0);
+    let (lease, lb): (i64, i64) = c
+        .query_one(
+            "SELECT lease_id, ts_lower_bound FROM tso_lease_acquire_bounds('lost', 1, 60000)",
+            &[],
+        )
+        .map(|row| (row.get(0), row.get(1)))
+        .unwrap_or_else(|e| panic!("the holder acquires again: {}", pg_error_string(&e)));
+    let r_after: i64 = c.query_one("SELECT tso_resolved()", &[]).expect("tso_resolved").get(0);
+    assert!(
+        lb << 18 > r,
+        "lease {lease}: ts_lower_bound {lb} ms at or below the member's R {r} ({} ms)",
+        r >> 18
+    );
+    assert!(lb << 18 > r_after, "R {r_after} passed the lease's lowest stamp {lb} ms");
 }

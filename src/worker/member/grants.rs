@@ -19,6 +19,8 @@ pub(super) struct Grants {
     live: Vec<(i64, PublishedBound)>,
     /// Lease grants and renewals in flight.
     in_flight: usize,
+    /// The value the worker's holder slot holds `R` below while they are in flight.
+    held: u64,
 }
 
 /// A call that grants or renews a lease.
@@ -33,9 +35,12 @@ impl Grants {
     pub(super) fn sent(&mut self, signals: &Signals) {
         self.in_flight += 1;
         if self.in_flight == 1 {
+            // At least 1: before the member's first value R is not served (0 would hold
+            // nothing once it is).
+            self.held = signals.member_floor.get().max(1);
             if let Some(slot) = HOLDERS.mine() {
                 // SAFETY: a plain read of this process's pid.
-                slot.publish(signals.member_floor.get(), unsafe { pg_sys::MyProcPid });
+                slot.publish(self.held, unsafe { pg_sys::MyProcPid });
                 // As in a caller's hold: a reader whose fence comes after sees the slot.
                 std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
             }
@@ -54,6 +59,39 @@ impl Grants {
     pub(super) fn none_in_flight(&mut self) {
         self.in_flight = 0;
         release_hold();
+    }
+
+    /// Whether the grants a call's `replies` carry may be handed out: each holder's lowest
+    /// stamp is above this member's resolved timestamp (the highest computed or published),
+    /// above its own past (`own`) and at or above what the holder slot held `R` below while
+    /// the grant was in flight (`tsoracle_core::member::lease_above_resolved`). A grant the
+    /// oracle made for the call always is; a lost answer's idempotent re-grant may not be.
+    pub(super) fn above_resolved(
+        &self,
+        signals: &Signals,
+        own: &tsoracle_core::member::OwnPast,
+        requests: &[Request],
+        replies: &[Reply],
+    ) -> Result<(), tsoracle_core::member::LeaseBelowResolved> {
+        let own_ts = tsoracle_core::timestamp::pack(
+            own.high_water_ms().min(tsoracle_core::timestamp::MAX_PHYSICAL_MS),
+            tsoracle_core::timestamp::MAX_LOGICAL,
+        )
+        .unwrap_or(u64::MAX);
+        let resolved = signals.raise_resolved(0).max(signals.published_resolved().0).max(own_ts);
+        let held = if self.in_flight > 0 { self.held } else { signals.member_floor.get() };
+        for (r, reply) in requests.iter().zip(replies) {
+            if reply.code == ReplyCode::Ok
+                && matches!(r.kind, RequestKind::LeaseAcquire | RequestKind::LeaseRenew)
+            {
+                tsoracle_core::member::lease_above_resolved(
+                    u64::try_from(reply.from_ms).unwrap_or(0),
+                    held,
+                    resolved,
+                )?;
+            }
+        }
+        Ok(())
     }
 
     /// The grants kept in `tsoracle.member_lease` (`None`: it could not be read). A grant's
@@ -88,7 +126,7 @@ impl Grants {
         });
         match read {
             Ok(live) => {
-                let grants = Grants { live, in_flight: 0 };
+                let grants = Grants { live, in_flight: 0, held: 0 };
                 grants.publish();
                 Some(grants)
             }

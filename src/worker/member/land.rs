@@ -37,6 +37,7 @@ impl Proxy {
                 Ok(rows) => {
                     let (first, epoch) = first_and_epoch(&rows)?;
                     self.check_epoch(epoch)?;
+                    self.check_fetched(first)?;
                     self.signals.member_floor.raise(floor_after(first, 1));
                     self.count(took, 0, 0);
                     Ok(())
@@ -63,7 +64,8 @@ impl Proxy {
             Flight::Next { calls, total } => match rows {
                 Ok(rows) => {
                     let read = first_and_epoch(&rows)
-                        .and_then(|(first, epoch)| self.check_epoch(epoch).map(|()| first));
+                        .and_then(|(first, epoch)| self.check_epoch(epoch).map(|()| first))
+                        .and_then(|first| self.check_fetched(first).map(|()| first));
                     let first = match read {
                         Ok(first) => first,
                         Err(why) => {
@@ -153,6 +155,24 @@ impl Proxy {
                     }
                 };
                 self.count(took, 1, 0);
+                if let Err(below) =
+                    self.grants.above_resolved(self.signals, &self.own, &requests, &replies)
+                {
+                    if let Some(renewal) = renewal_of(&requests, &replies) {
+                        // An acquire the oracle answered with a grant made before (its answer
+                        // lost, the lease granted again idempotently): renewed, so that its
+                        // holder stamps above R. Sent again; its caller waits.
+                        pgrx::log!("tsoracle member: {below}; renewing it before it is handed out");
+                        self.waiting.push(Waiting { ticket, requests: vec![renewal], since });
+                        return Ok(());
+                    }
+                    if past::check(&self.own, &requests, &replies).is_ok() {
+                        // Never from a correct oracle: granted there, handed to no one (40003).
+                        self.note(&below.to_string());
+                        answer(&[lost(ticket, &requests)]);
+                        return Ok(());
+                    }
+                }
                 if let Err(below) = past::check(&self.own, &requests, &replies) {
                     // Granted on the oracle, handed to no one: a gap, a lease never used.
                     answer(&past::refusals(&[ticket], &below, requests.len()));
@@ -186,6 +206,33 @@ impl Proxy {
                 Ok(())
             }
         }
+    }
+}
+
+/// The renewal that replaces a single lease acquire answered with `replies`: the same lease,
+/// by the same role, asked as the acquire was (`legacy` kept).
+fn renewal_of(requests: &[Request], replies: &[Reply]) -> Option<Request> {
+    match (requests, replies) {
+        ([r], [reply]) if r.kind == RequestKind::LeaseAcquire && reply.code == ReplyCode::Ok => {
+            Some(Request {
+                kind: RequestKind::LeaseRenew,
+                count: 0,
+                name_len: 0,
+                arg: reply.value,
+                ..*r
+            })
+        }
+        _ => None,
+    }
+}
+
+impl Proxy {
+    /// Refuse an answer that starts below what this member fetched before in this server's
+    /// life (`tsoracle_core::member::above_fetched`): never from a correct oracle; the
+    /// connection is not trusted (its calls are sent again, or fail 57P03 at their deadline).
+    fn check_fetched(&mut self, first: u64) -> Result<(), String> {
+        tsoracle_core::member::above_fetched(first, self.signals.member_floor.get())
+            .map_err(|e| format!("{e}; looking for the oracle's current primary"))
     }
 }
 

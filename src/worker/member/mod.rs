@@ -51,6 +51,7 @@ pub(crate) use alone::wait_until_alone;
 use calls::{answer_call, answer_next, call_statement, lost, remote, rereadable, RETRYABLE};
 use grants::{grants_lease, Grants};
 use identity::Identity;
+pub(crate) use past::{due as past_due, keep as keep_past, kept as past_kept};
 use pgrx::bgworkers::BackgroundWorker;
 use pgrx::prelude::*;
 use std::collections::VecDeque;

@@ -1,14 +1,19 @@
-//! What a member issued on its own before it joined its fleet (docs/fleet.md, "What is checked,
-//! and refused"): read from its own tables when its worker starts, and every answer of the
-//! oracle checked against it (`tsoracle_core::member::OwnPast`), so that nothing is handed out
-//! twice when the oracle was not seeded above it.
+//! What a member issued on its own before it joined its fleet, and what it handed out as a
+//! member (docs/fleet.md, "What is checked, and refused"): read from its own tables when its
+//! worker starts, and every answer of the oracle checked against it
+//! (`tsoracle_core::member::OwnPast`), so that nothing is handed out twice when the oracle was
+//! not seeded above it, or when a deposed primary (or an oracle gone back) answers a member
+//! that no longer knows the oracle's epoch. As a member, the worker keeps a lagging bound of
+//! what it fetched (`tsoracle_core::member::kept_past_ms`) in its own `tsoracle.high_water`,
+//! raised in the transaction that publishes its resolved timestamp ([`due`], [`keep`]).
 
 use super::calls::remote;
 use crate::pg::xact::sql_transaction;
 use crate::shmem::member::MEMBER;
 use crate::shmem::{Reply, ReplyCode, Request, RequestKind};
 use pgrx::prelude::*;
-use tsoracle_core::member::{BelowOwnPast, OwnPast};
+use std::cell::Cell;
+use tsoracle_core::member::{kept_past_ms, BelowOwnPast, OwnPast};
 use tsoracle_core::queue::Ticket;
 
 /// What this cluster issued on its own, from its own tables (`None`: shutting down).
@@ -35,11 +40,40 @@ pub(super) fn load() -> Option<OwnPast> {
     })?;
     if own.high_water_ms() > 0 {
         pgrx::log!(
-            "tsoracle member: this cluster issued timestamps on its own up to {} ms; none of the oracle's at or below is handed out",
+            "tsoracle member: this cluster issued or handed out timestamps up to {} ms; none of the oracle's at or below is handed out",
             own.high_water_ms()
         );
     }
+    KEPT_MS.set(own.high_water_ms());
     Some(own)
+}
+
+thread_local! {
+    /// The member's own high-water as this worker last read or raised it (ms).
+    static KEPT_MS: Cell<u64> = const { Cell::new(0) };
+}
+
+/// The bound to raise the member's own high-water to, when the member fetched past what it
+/// holds (`None`: nothing to write).
+pub(crate) fn due(signals: &crate::shmem::Signals) -> Option<u64> {
+    let ms = kept_past_ms(signals.member_floor.get());
+    (ms > KEPT_MS.get()).then_some(ms)
+}
+
+/// Raise the member's own high-water to `ms` (never lowered), in the caller's transaction.
+/// Its epoch (the timeline of a fence, for a cluster serving alone) is kept as it is.
+pub(crate) fn keep(ms: u64) -> Result<(), pgrx::spi::Error> {
+    Spi::run_with_args(
+        "INSERT INTO tsoracle.high_water AS h (id, physical_ms, epoch) VALUES (true, $1, 0) \
+         ON CONFLICT (id) DO UPDATE SET physical_ms = GREATEST(h.physical_ms, EXCLUDED.physical_ms), \
+             updated_at = pg_catalog.now()",
+        &[(ms.min(i64::MAX as u64) as i64).into()],
+    )
+}
+
+/// The transaction of [`keep`] committed.
+pub(crate) fn kept(ms: u64) {
+    KEPT_MS.set(KEPT_MS.get().max(ms));
 }
 
 /// Whether the blocks and leases the oracle granted for one call may be handed out here: none
@@ -75,7 +109,7 @@ pub(super) fn refusals(
 ) -> Vec<(Ticket, Vec<Reply>)> {
     let hint = match below {
         BelowOwnPast::Timestamps { high_water_ms, .. } => format!(
-            "Seed the oracle above this cluster's own values: SELECT tso_seed({}) on the oracle (docs/operations/fleet.md, \"Joining a fleet\").",
+            "If the oracle answering is a deposed primary brought back, stop it: only the oracle's current primary may serve. Otherwise seed the oracle above this cluster's own values: SELECT tso_seed({}) on the oracle (docs/operations/fleet.md, \"Joining a fleet\").",
             high_water_ms.saturating_add(1)
         ),
         BelowOwnPast::Counter { .. } => "Carry this cluster's counters to the oracle: COPY (SELECT key, next FROM tsoracle.seq) here into COPY tsoracle.seq (key, next) on the oracle (docs/operations/fleet.md, \"Joining a fleet\").".to_string(),
