@@ -280,9 +280,11 @@ unsafe fn describe_here(rel: pg_sys::Relation) -> String {
                 ));
             }
         }
-        let primary = (*rel).rd_pkindex;
-        for index in oids(pg_sys::RelationGetIndexList(rel)) {
-            let primary = if index == (*rel).rd_pkindex && primary != pg_sys::InvalidOid {
+        // The list first: computing it is what sets rd_pkindex.
+        let indexes = oids(pg_sys::RelationGetIndexList(rel));
+        let primary_key = (*rel).rd_pkindex;
+        for index in indexes {
+            let primary = if primary_key != pg_sys::InvalidOid && index == primary_key {
                 " primary"
             } else {
                 ""
