@@ -70,12 +70,12 @@ fn backend_pid(c: &mut Client) -> i32 {
     c.query_one("SELECT pg_backend_pid()", &[]).unwrap().get(0)
 }
 
+/// A call in a thread: its value, or its SQLSTATE and message.
+type Call = std::thread::JoinHandle<Result<i64, (String, String)>>;
+
 /// A session paused between its in-place checks and its write, calling `tso_seq(key, 5)` in a
 /// thread; its pid.
-fn paused_call(
-    node: &Node,
-    key: &'static str,
-) -> (i32, std::thread::JoinHandle<Result<i64, (String, String)>>) {
+fn paused_call(node: &Node, key: &'static str) -> (i32, Call) {
     let mut paused = node.connect();
     exec(&mut paused, "SET tsoracle.test_seq_check_pause_ms = 3000");
     let pid = backend_pid(&mut paused);
