@@ -814,8 +814,8 @@ if want oracle && [ -n "$ORACLE_MEMBERS" ]; then
 # answers 57P03, its registration not durable yet, as a member's worker does:
 # bench_first_next). Per point (report.py): round trips/s and values/s once every member
 # has said hello (per-transaction logs), p50/p99 of a round trip (the hellos excluded), the
-# Pss of the member backends (/proc/PID/smaps_rollup) and the cores the oracle's processes
-# used (/proc/PID/stat) over half of BENCH_ORACLE_SECONDS, the members all there.
+# cores the oracle's processes used (/proc/PID/schedstat) over half of BENCH_ORACLE_SECONDS once
+# every member said hello, and the Pss of the member backends (/proc/PID/smaps_rollup) then.
     most=1
     for m in $ORACLE_MEMBERS; do [ "$m" -le "$most" ] || most=$m; done
     ODATA="$WORK/oracle"
@@ -850,8 +850,8 @@ if want oracle && [ -n "$ORACLE_MEMBERS" ]; then
     OVER=$("${OSQL[@]}" -c "SELECT extversion FROM pg_extension WHERE extname = 'tsoracle'")
     OPM=$(head -n 1 "$ODATA/postmaster.pid")
     rec info oracle_load "load average before the section: $(cut -d' ' -f1-3 /proc/loadavg) on $(nproc) cores"
-    rec info oracle_bench "one pgbench client per member: -n -M prepared -T <$ORACLE_SECS s + 3 s + 1 s per 200 members> -c <members> -j $(nproc) -f oracle_member.sql -D k=<k>, pgbench on the same cores; an oracle of its own, max_connections=$(( most + 10 )), tsoracle.max_members=$most, shared_buffers=$("${OSQL[@]}" -c 'SHOW shared_buffers')"
-    # The oracle's processes: CPU ticks of all, Pss of the members' (scripts/bench/oracle_procs.py).
+    rec info oracle_bench "one pgbench client per member: -n -M prepared -T <$ORACLE_SECS s + 3 s + 1 s per 50 members> -c <members> -j $(nproc) -f oracle_member.sql -D k=<k>, pgbench on the same cores; an oracle of its own, max_connections=$(( most + 10 )), tsoracle.max_members=$most, shared_buffers=$("${OSQL[@]}" -c 'SHOW shared_buffers')"
+    # The oracle's processes: CPU time of all (µs), Pss of the members' (scripts/bench/oracle_procs.py).
     oracle_procs() { python3 "$HERE/oracle_procs.py" "$OPM" "$1"; }
     # sleep_until T S: sleep until S seconds after the instant T (date +%s.%N).
     sleep_until() { sleep "$(awk -v t="$1" -v s="$2" -v now="$(date +%s.%N)" 'BEGIN { d = t + s - now; print (d > 0 ? d : 0) }')"; }
@@ -865,22 +865,27 @@ if want oracle && [ -n "$ORACLE_MEMBERS" ]; then
             tag="oracle.m$m.k$k"
             jobs=$m
             [ "$jobs" -le "$(nproc)" ] || jobs=$(nproc)
-            # Connections and hellos take about 1 s per 200 members on 2 cores: measured from
-            # then on, for half of BENCH_ORACLE_SECONDS, the run going on 2 s after it.
-            ramp=$(( m / 200 + 1 ))
-            secs=$(( ORACLE_SECS + ramp + 2 ))
+            # Connections and hellos take about 1 s per 200 members on 2 idle cores, several
+            # times that on busy ones: measured once every member has said hello on a live
+            # session (or after `ramp` seconds), for half of BENCH_ORACLE_SECONDS.
+            ramp=$(( m / 50 + 3 ))
+            secs=$(( ORACLE_SECS + ramp ))
             started=$(date +%s.%N)
             "$SYSBIN/pgbench" -h "$WORK" -p "$OPORT" -U bench_member -n -M prepared -T "$secs" -c "$m" -j "$jobs" \
                 -D hello=0 -D k="$k" -D ver="$OVER" -f "$HERE/oracle_member.sql" \
                 -l --log-prefix="$RUNS/txlog.$tag" postgres >"$RUNS/$tag.out" 2>&1 &
             bench_pid=$!
-            sleep_until "$started" "$ramp"
-            s0=$(date +%s.%N); t0=$(oracle_procs ticks)
-            read -r pss backends <<<"$(oracle_procs pss)"
+            for _ in $(seq 1 $(( ramp * 5 ))); do
+                sleep 0.2
+                [ "$("${OSQL[@]}" -c "SELECT count(*) FROM tso_fleet_status() f JOIN pg_stat_activity a ON a.pid = f.session_pid" 2>/dev/null)" = "$m" ] && break
+            done
+            sleep 0.5
+            s0=$(date +%s.%N); t0=$(oracle_procs cpu)
             sleep_until "$s0" "$(( (ORACLE_SECS + 1) / 2 ))"
-            s1=$(date +%s.%N); t1=$(oracle_procs ticks)
+            s1=$(date +%s.%N); t1=$(oracle_procs cpu)
             # Ticks of processes that ended are lost: no figure if the run ended before.
             kill -0 "$bench_pid" 2>/dev/null || t1=""
+            read -r pss backends <<<"$(oracle_procs pss)"
             wait "$bench_pid"
             rc=$?
             if [ "$rc" -ne 0 ] || ! grep -q '^tps = ' "$RUNS/$tag.out"; then
@@ -889,7 +894,7 @@ if want oracle && [ -n "$ORACLE_MEMBERS" ]; then
                 continue
             fi
             cores=-1
-            [ -n "$t1" ] && cores=$(awk -v a="$t0" -v b="$t1" -v s0="$s0" -v s1="$s1" -v hz="$(getconf CLK_TCK)" 'BEGIN { printf "%.3f", (b - a) / hz / (s1 - s0) }')
+            [ -n "$t1" ] && cores=$(awk -v a="$t0" -v b="$t1" -v s0="$s0" -v s1="$s1" 'BEGIN { printf "%.3f", (b - a) / 1e6 / (s1 - s0) }')
             rec oracle "$m" "$k" "$RUNS/txlog.$tag" "$pss" "$backends" "$cores"
             printf '    %-16s: %s member backends, %s kB Pss, %s cores\n' "$tag" "$backends" "$pss" "$cores" >&2
         done
