@@ -28,8 +28,12 @@
 # a COPY and an INSERT ... SELECT of BENCH_COPY_ROWS rows; empty skips it all),
 # BENCH_SLOT_CLIENTS (tso_seq and tso_next() with a test_decoding slot present, against the
 # same baselines, default "8 32"; empty skips it),
+# BENCH_ORACLE_MEMBERS (an oracle serving simulated members, on a cluster of its own: one
+# pgbench client per member, each a tsoracle.member_hello then tsoracle.member_next(k) round
+# trips, scripts/bench/oracle_member.sql; default "8 64 256 1000"; empty skips it),
+# BENCH_ORACLE_K (k, default "1 16"), BENCH_ORACLE_SECONDS (pgbench -T per point, default 5),
 # BENCH_ONLY (run only these sections, e.g. "throughput writes": throughput, resolved, percall,
-# batch, seq, ceiling, slot, member, writes, p99, curve; default: all),
+# batch, seq, ceiling, slot, member, writes, p99, curve, oracle; default: all),
 # BENCH_CURVE_CLIENTS (the scaling curve, default "1 2 4 8 16 32 64 128 256"; empty skips it),
 # BENCH_CURVE_SECONDS (pgbench -T per curve run, default 5), BENCH_CURVE_REPS (default 2),
 # BENCH_CURVE_SAMPLING (pgbench --sampling-rate of the curve's per-transaction logs, default 0.2),
@@ -101,6 +105,9 @@ CEIL_ONE_REPS=${BENCH_CEIL_ONE_REPS:-15}
 CEIL_ONE_SECS=${BENCH_CEIL_ONE_SECONDS:-3}
 MEMBER_CLIENTS=${BENCH_MEMBER_CLIENTS-"1 8 32 128"}
 SLOT_CLIENTS=${BENCH_SLOT_CLIENTS-"8 32"}
+ORACLE_MEMBERS=${BENCH_ORACLE_MEMBERS-"8 64 256 1000"}
+ORACLE_K=${BENCH_ORACLE_K:-"1 16"}
+ORACLE_SECS=${BENCH_ORACLE_SECONDS:-5}
 ONLY=${BENCH_ONLY:-}
 # want SECTION: run this section (all of them unless BENCH_ONLY names some).
 want() { [ -z "$ONLY" ] || [[ " $ONLY " == *" $1 "* ]]; }
@@ -143,9 +150,12 @@ cleanup() {
     if [ -s "$DATA/PG_VERSION" ]; then
         as_pg "$BIN/pg_ctl" -D "$DATA" -m immediate -w stop >/dev/null 2>&1 || true
     fi
-    if [ -s "$WORK/member/PG_VERSION" ]; then
-        as_pg "$BIN/pg_ctl" -D "$WORK/member" -m immediate -w stop >/dev/null 2>&1 || true
-    fi
+    local d
+    for d in "$WORK/member" "$WORK/oracle"; do
+        if [ -s "$d/PG_VERSION" ]; then
+            as_pg "$BIN/pg_ctl" -D "$d" -m immediate -w stop >/dev/null 2>&1 || true
+        fi
+    done
     if [ "${BENCH_KEEP:-0}" = 1 ]; then
         echo "bench: kept $WORK" >&2
     else
@@ -795,6 +805,101 @@ if [ -n "$CURVE_CLIENTS" ]; then
         done
     done
 fi
+fi
+
+if want oracle && [ -n "$ORACLE_MEMBERS" ]; then
+# An oracle serving simulated members (issue 55), on a cluster of its own sized for the largest
+# point: each pgbench client is a member, through the real protocol (a hello, then
+# tsoracle.member_next(k) round trips; its first member_next is tried again while the oracle
+# answers 57P03, its registration not durable yet, as a member's worker does:
+# bench_first_next). Per point (report.py): round trips/s and values/s once every member
+# has said hello (per-transaction logs), p50/p99 of a round trip (the hellos excluded), the
+# cores the oracle's processes used (/proc/PID/schedstat) over half of BENCH_ORACLE_SECONDS once
+# every member said hello, and the Pss of the member backends (/proc/PID/smaps_rollup) then.
+    most=1
+    for m in $ORACLE_MEMBERS; do [ "$m" -le "$most" ] || most=$m; done
+    ODATA="$WORK/oracle"
+    OPORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    echo "==> an oracle of its own (port $OPORT; members: $ORACLE_MEMBERS; k: $ORACLE_K)" >&2
+    "$ROOT/scripts/init-cluster.sh" "$BIN" "$ODATA" "$OPORT" "$WORK" "max_connections=$(( most + 10 ))" "jit=off" \
+        "tsoracle.max_members=$most" || die "initdb of the oracle failed"
+    as_pg "$BIN/pg_ctl" -D "$ODATA" -l "$WORK/oracle.log" -w -t 60 start >/dev/null \
+        || { tail -n 30 "$WORK/oracle.log" >&2; die "the oracle did not start"; }
+    OSQL=("$SYSBIN/psql" -X -q -At -h "$WORK" -p "$OPORT" -U postgres -d postgres -v ON_ERROR_STOP=1)
+    "${OSQL[@]}" -c "CREATE EXTENSION tsoracle" || die "CREATE EXTENSION on the oracle failed"
+    "${OSQL[@]}" -c "CREATE ROLE bench_member LOGIN; GRANT tsoracle_member TO bench_member;
+        CREATE FUNCTION bench_first_next() RETURNS void LANGUAGE plpgsql AS \$\$
+        BEGIN
+            FOR i IN 1..600 LOOP
+                BEGIN
+                    PERFORM tsoracle.member_next(1);
+                    RETURN;
+                EXCEPTION WHEN SQLSTATE '57P03' THEN
+                    PERFORM pg_sleep(0.05);
+                END;
+            END LOOP;
+            RAISE EXCEPTION 'not served within 30 s';
+        END \$\$" || die "set-up of the oracle failed"
+    ostate=""
+    for _ in $(seq 1 300); do
+        ostate=$("${OSQL[@]}" -c "SELECT state FROM tso_status()" 2>/dev/null)
+        [ "$ostate" = serving ] && break
+        sleep 0.2
+    done
+    [ "$ostate" = serving ] || { tail -n 30 "$WORK/oracle.log" >&2; die "the oracle is not serving ($ostate)"; }
+    OVER=$("${OSQL[@]}" -c "SELECT extversion FROM pg_extension WHERE extname = 'tsoracle'")
+    OPM=$(head -n 1 "$ODATA/postmaster.pid")
+    rec info oracle_load "load average before the section: $(cut -d' ' -f1-3 /proc/loadavg) on $(nproc) cores"
+    rec info oracle_bench "one pgbench client per member: -n -M prepared -T <$ORACLE_SECS s + 3 s + 1 s per 50 members> -c <members> -j $(nproc) -f oracle_member.sql -D k=<k>, pgbench on the same cores; an oracle of its own, max_connections=$(( most + 10 )), tsoracle.max_members=$most, shared_buffers=$("${OSQL[@]}" -c 'SHOW shared_buffers')"
+    # The oracle's processes: CPU time of all (µs), Pss of the members' (scripts/bench/oracle_procs.py).
+    oracle_procs() { python3 "$HERE/oracle_procs.py" "$OPM" "$1"; }
+    # sleep_until T S: sleep until S seconds after the instant T (date +%s.%N).
+    sleep_until() { sleep "$(awk -v t="$1" -v s="$2" -v now="$(date +%s.%N)" 'BEGIN { d = t + s - now; print (d > 0 ? d : 0) }')"; }
+    for m in $ORACLE_MEMBERS; do
+        for k in $ORACLE_K; do
+            # The previous point's members gone (a hello for a member whose session lives is refused).
+            for _ in $(seq 1 100); do
+                [ "$(oracle_procs pss)" = "0 0" ] && break
+                sleep 0.1
+            done
+            tag="oracle.m$m.k$k"
+            jobs=$m
+            [ "$jobs" -le "$(nproc)" ] || jobs=$(nproc)
+            # Connections and hellos take about 1 s per 200 members on 2 idle cores, several
+            # times that on busy ones: measured once every member has said hello on a live
+            # session (or after `ramp` seconds), for half of BENCH_ORACLE_SECONDS.
+            ramp=$(( m / 50 + 3 ))
+            secs=$(( ORACLE_SECS + ramp ))
+            started=$(date +%s.%N)
+            "$SYSBIN/pgbench" -h "$WORK" -p "$OPORT" -U bench_member -n -M prepared -T "$secs" -c "$m" -j "$jobs" \
+                -D hello=0 -D k="$k" -D ver="$OVER" -f "$HERE/oracle_member.sql" \
+                -l --log-prefix="$RUNS/txlog.$tag" postgres >"$RUNS/$tag.out" 2>&1 &
+            bench_pid=$!
+            for _ in $(seq 1 $(( ramp * 5 ))); do
+                sleep 0.2
+                [ "$("${OSQL[@]}" -c "SELECT count(*) FROM tso_fleet_status() f JOIN pg_stat_activity a ON a.pid = f.session_pid" 2>/dev/null)" = "$m" ] && break
+            done
+            sleep 0.5
+            s0=$(date +%s.%N); t0=$(oracle_procs cpu)
+            sleep_until "$s0" "$(( (ORACLE_SECS + 1) / 2 ))"
+            s1=$(date +%s.%N); t1=$(oracle_procs cpu)
+            # Ticks of processes that ended are lost: no figure if the run ended before.
+            kill -0 "$bench_pid" 2>/dev/null || t1=""
+            read -r pss backends <<<"$(oracle_procs pss)"
+            wait "$bench_pid"
+            rc=$?
+            if [ "$rc" -ne 0 ] || ! grep -q '^tps = ' "$RUNS/$tag.out"; then
+                rec fail "$tag" "$m" 1 "$(grep -m 1 -iE 'error|abort|fatal' "$RUNS/$tag.out" | tr '\t' ' ')"
+                printf '    %-16s: FAILED (%s)\n' "$tag" "$(grep -m 1 -iE 'error|abort|fatal' "$RUNS/$tag.out")" >&2
+                continue
+            fi
+            cores=-1
+            [ -n "$t1" ] && cores=$(awk -v a="$t0" -v b="$t1" -v s0="$s0" -v s1="$s1" 'BEGIN { printf "%.3f", (b - a) / 1e6 / (s1 - s0) }')
+            rec oracle "$m" "$k" "$RUNS/txlog.$tag" "$pss" "$backends" "$cores"
+            printf '    %-16s: %s member backends, %s kB Pss, %s cores\n' "$tag" "$backends" "$pss" "$cores" >&2
+        done
+    done
+    as_pg "$BIN/pg_ctl" -D "$ODATA" -m fast -w stop >/dev/null 2>&1
 fi
 
 check_server

@@ -87,10 +87,51 @@ pub fn may_take_over(now_mono_ms: u64, last_heard_mono_ms: u64, silence_ms: u64)
     now_mono_ms.saturating_sub(last_heard_mono_ms) >= silence_ms
 }
 
+/// The most members `tsoracle.max_members` may admit, and its default.
+pub const MAX_MEMBERS_LIMIT: usize = 10_000;
+pub const MAX_MEMBERS_DEFAULT: usize = 64;
+
+/// Where the members' slots lie in the oracle's shared-memory block, and how big the block
+/// must be: a header of `header` bytes, then `slots` slots of `slot` bytes each at alignment
+/// `align` (a power of two), wherever PostgreSQL places the block (it promises only its own
+/// `MAXALIGN`, so `align` spare bytes are asked for). `None` on an overflow.
+pub fn slots_block(
+    header: usize,
+    slot: usize,
+    align: usize,
+    slots: usize,
+) -> Option<(usize, usize)> {
+    let align = align.max(1);
+    let offset = header.checked_next_multiple_of(align)?;
+    let total = slot.checked_mul(slots)?.checked_add(offset)?.checked_add(align)?;
+    Some((offset, total))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn the_slots_block_holds_every_slot_after_the_header() {
+        // 64 slots of 96 bytes at 8 after a 40-byte header: the slots start at 40, and the
+        // block has room for them however the block is placed.
+        assert_eq!(slots_block(40, 96, 8, 64), Some((40, 40 + 64 * 96 + 8)));
+        // A header that is not a multiple of the alignment: the slots start at the next one.
+        assert_eq!(slots_block(41, 96, 8, 1), Some((48, 48 + 96 + 8)));
+        for n in [1, MAX_MEMBERS_DEFAULT, 1_000, MAX_MEMBERS_LIMIT] {
+            let (offset, total) = slots_block(41, 96, 64, n).unwrap();
+            assert!(offset >= 41 && offset % 64 == 0);
+            // Placed at any address, the aligned start plus every slot still fits.
+            for misalign in 0usize..64 {
+                let start = misalign.div_ceil(64) * 64 - misalign;
+                assert!(start + offset + n * 96 <= total, "{n} slots at {misalign}");
+            }
+        }
+        // The largest setting stays small: about 1 MB with slots of 96 bytes.
+        assert!(slots_block(64, 96, 8, MAX_MEMBERS_LIMIT).unwrap().1 < 1 << 20);
+        assert_eq!(slots_block(0, usize::MAX, 8, 2), None, "an overflow is refused");
+    }
 
     #[test]
     fn the_lowest_of_the_oracle_and_its_members() {

@@ -43,6 +43,7 @@ lags = collections.defaultdict(list)     # (workload, clients) -> [files of lag_
 status = {}
 fails = []
 member_rt = collections.defaultdict(dict)  # clients -> {rep: (round trips, values) during the run}
+oracle_pts = []  # (members, k, log prefix, Pss kB of the member backends, backends, cores)
 
 ap = argparse.ArgumentParser(description="the tsoracle benchmark report")
 ap.add_argument("results")
@@ -81,6 +82,12 @@ with open(args.results) as f:
                 status[parts[1]] = {}
         elif kind == "fail":
             fails.append(parts[1:])
+        elif kind == "oracle":
+            try:
+                oracle_pts.append((int(parts[1]), int(parts[2]), parts[3],
+                                   int(parts[4]), int(parts[5]), float(parts[6])))
+            except (ValueError, IndexError):
+                pass
         elif kind == "member":
             try:
                 b, a = [list(map(int, x.split())) for x in parts[3:5]]
@@ -126,7 +133,7 @@ def delta(before, after, col):
     return a[col] - b[col]
 
 
-def percentiles(prefix):
+def percentiles(prefix, skip_first=False):
     """p50, p99, p99.9, max (ms) and count from pgbench -l logs (one file per thread).
 
     Columns: client, transaction, latency_us, script, epoch_s, epoch_us[, schedule_lag_us].
@@ -142,6 +149,8 @@ def percentiles(prefix):
             for line in f:
                 cols = line.split()
                 if len(cols) >= 3 and cols[2].isdigit():
+                    if skip_first and cols[1] == "1":
+                        continue  # a client's first transaction (oracle_member.sql: its hello)
                     v = int(cols[2])
                     if len(cols) >= 7 and cols[6].lstrip("-").isdigit():
                         v -= int(cols[6])
@@ -627,6 +636,45 @@ if ms.get(empty_q):
             per = f", {(m - base) * 1e6 / n:,.0f} ns per call" if n else ""
             w(f"    {EXPR[q]:28s}: {m - base:,.1f} ms net{per}")
 w("")
+
+# the oracle serving simulated members
+def steady_rate(prefix):
+    """Round trips per second once every client has said hello: the transactions that ended
+    after the last client's first one (its hello), over that span, from pgbench -l logs."""
+    firsts, ends = [], []
+    for path in glob.glob(glob.escape(prefix) + ".*"):
+        if not path[len(prefix) + 1:].replace(".", "").isdigit():
+            continue
+        with open(path) as f:
+            for line in f:
+                cols = line.split()
+                if len(cols) >= 6 and cols[1].isdigit() and cols[4].isdigit():
+                    t = int(cols[4]) + int(cols[5]) / 1e6
+                    (firsts if cols[1] == "1" else ends).append(t)
+    if not firsts or not ends:
+        return None
+    start = max(firsts)
+    after = [t for t in ends if t > start]
+    if len(after) < 2 or max(after) <= start:
+        return None
+    return len(after) / (max(after) - start)
+
+
+if oracle_pts:
+    w("an oracle serving simulated members (one pgbench client each: a hello, then tsoracle.member_next(k) round trips)")
+    w(f"  {'members':>7s} {'k':>3s} {'round trips/s':>14s} {'values/s':>12s} {'p50':>9s} {'p99':>9s} "
+      f"{'backends':>8s} {'their Pss':>10s} {'per member':>10s} {'oracle cores':>12s}")
+    for m, k, prefix, pss, backends, cores in sorted(oracle_pts):
+        p = percentiles(prefix, skip_first=True) or {}
+        rate = steady_rate(prefix)
+        per = f"{pss / backends / 1024:.1f} MiB" if backends else "?"
+        rt = f"{rate:14,.0f}" if rate else f"{'?':>14s}"
+        vals = f"{rate * k:12,.0f}" if rate else f"{'?':>12s}"
+        w(f"  {m:7d} {k:3d} {rt} {vals} {fmt_lat(p.get('p50')):>9s} {fmt_lat(p.get('p99')):>9s} "
+          f"{backends:8d} {pss / 1024:6.0f} MiB {per:>10s} {(f'{cores:.2f}' if cores >= 0 else '?'):>12s}")
+    w("  " + first("oracle_bench"))
+    w("  " + first("oracle_load"))
+    w("")
 
 # wait events
 if waits:

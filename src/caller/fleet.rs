@@ -4,7 +4,7 @@
 
 use crate::pg::clock;
 use crate::pg::error::TsoError;
-use crate::shmem::fleet::{MemberSlot, FLEET, MAX_MEMBERS};
+use crate::shmem::fleet::{MemberSlot, Slots, FLEET};
 use crate::shmem::{self};
 use pgrx::pg_sys;
 use std::cell::Cell;
@@ -41,7 +41,7 @@ pub fn register(system_id: u64, reported: u64) -> Result<(), TsoError> {
     }
     match fleet.find(system_id) {
         Some(i) => {
-            let m = &mut fleet.members[i];
+            let m = &mut fleet.members_mut()[i];
             if !m.holds() {
                 return Err(TsoError::NotServing(format!(
                     "member {system_id} was removed from the fleet (tso_fleet_remove()): a superuser re-admits it on the oracle with SELECT tso_fleet_admit({system_id})"
@@ -69,10 +69,10 @@ pub fn register(system_id: u64, reported: u64) -> Result<(), TsoError> {
         }
         None => {
             let Some(i) = fleet.free() else {
-                return Err(TsoError::TooManyMembers(MAX_MEMBERS));
+                return Err(TsoError::TooManyMembers(fleet.members().len()));
             };
             let entry = first_entry(reported, signals.window.next_ts());
-            fleet.members[i] = MemberSlot {
+            fleet.members_mut()[i] = MemberSlot {
                 used: true,
                 system_id,
                 role,
@@ -107,7 +107,7 @@ fn mine(what: &'static str) -> Result<u64, TsoError> {
 pub fn check_served() -> Result<(), TsoError> {
     let system_id = mine("tsoracle.member_next()")?;
     let fleet = FLEET.share();
-    match fleet.find(system_id).map(|i| fleet.members[i]) {
+    match fleet.find(system_id).map(|i| fleet.members()[i]) {
         // Another session took the member over: this one is served nothing more.
         Some(m) if m.holds() && m.session_pid != my_pid() => Err(TsoError::NotServing(format!(
             "another session speaks for member {system_id} now (process {})",
@@ -127,12 +127,12 @@ pub fn check_served() -> Result<(), TsoError> {
 pub fn report(resolved: u64, held_by_pid: i32) -> Result<(), TsoError> {
     let system_id = mine("tsoracle.member_report()")?;
     let mut fleet = FLEET.exclusive();
-    let Some(i) = fleet.find(system_id).filter(|&i| fleet.members[i].holds()) else {
+    let Some(i) = fleet.find(system_id).filter(|&i| fleet.members()[i].holds()) else {
         return Err(TsoError::NotServing(format!(
             "member {system_id} was removed from the fleet: a superuser re-admits it on the oracle with SELECT tso_fleet_admit({system_id})"
         )));
     };
-    let m = &mut fleet.members[i];
+    let m = &mut fleet.members_mut()[i];
     if m.session_pid != my_pid() {
         return Err(TsoError::NotServing(format!(
             "another session speaks for member {system_id} now (process {})",
@@ -162,7 +162,7 @@ pub fn remove(system_id: u64) -> Result<bool, TsoError> {
     {
         let mut fleet = FLEET.exclusive();
         let Some(i) = fleet.find(system_id) else { return Ok(false) };
-        let m = &mut fleet.members[i];
+        let m = &mut fleet.members_mut()[i];
         if m.removed {
             return Ok(true);
         }
@@ -178,7 +178,7 @@ pub fn remove(system_id: u64) -> Result<bool, TsoError> {
     // The worker wakes no one when it is done: the wait looks again every 50 ms.
     let done = super::requests::wait_on_latch(|| {
         let fleet = FLEET.share();
-        Ok(fleet.find(system_id).is_none_or(|i| fleet.members[i].removed).then_some(()))
+        Ok(fleet.find(system_id).is_none_or(|i| fleet.members()[i].removed).then_some(()))
     })?;
     done.map(|()| true).ok_or(TsoError::WorkerTimeout {
         waited_ms: crate::pg::guc::extension_timeout_ms(),
@@ -194,7 +194,7 @@ pub fn admit(system_id: u64) -> Result<bool, TsoError> {
     {
         let mut fleet = FLEET.exclusive();
         let Some(i) = fleet.find(system_id) else { return Ok(false) };
-        let m = &mut fleet.members[i];
+        let m = &mut fleet.members_mut()[i];
         if !m.removed {
             return Ok(false);
         }
@@ -204,7 +204,7 @@ pub fn admit(system_id: u64) -> Result<bool, TsoError> {
     // Done once the slot is freed: a member that registers again at once has a new one.
     let gone = super::requests::wait_on_latch(|| {
         let fleet = FLEET.share();
-        Ok(fleet.find(system_id).is_none_or(|i| !fleet.members[i].admitting).then_some(()))
+        Ok(fleet.find(system_id).is_none_or(|i| !fleet.members()[i].admitting).then_some(()))
     })?;
     gone.map(|()| true).ok_or(TsoError::WorkerTimeout {
         waited_ms: crate::pg::guc::extension_timeout_ms(),

@@ -98,7 +98,7 @@ pub enum TsoError {
     NotOnAMember(&'static str),
 
     /// On the oracle: no room for another member of the fleet.
-    #[error("the oracle serves at most {0} members of a fleet")]
+    #[error("the oracle serves at most {0} members of a fleet (tsoracle.max_members)")]
     TooManyMembers(usize),
 
     /// On the oracle: a member's session that has not registered (`tsoracle.member_hello()`).
@@ -227,7 +227,7 @@ impl TsoError {
             TsoError::Oracle { hint, .. } => hint.clone(),
             TsoError::NotOnAMember(what) => Some(format!("Run {what} on the oracle.")),
             TsoError::TooManyMembers(_) => Some(
-                "A removed member keeps its place until it is re-admitted. For each member gone for good (SELECT system_id, reported_at FROM tso_fleet_status()): SELECT tso_fleet_remove(system_id), then SELECT tso_fleet_admit(system_id) to free its place. Members removed earlier still hold theirs: SELECT system_id FROM tsoracle.fleet_member WHERE removed_at IS NOT NULL."
+                "On the oracle: raise tsoracle.max_members (a restart; each member also takes a connection, see max_connections). A removed member keeps its place until it is re-admitted. For each member gone for good (SELECT system_id, reported_at FROM tso_fleet_status()): SELECT tso_fleet_remove(system_id), then SELECT tso_fleet_admit(system_id) to free its place. Members removed earlier still hold theirs: SELECT system_id FROM tsoracle.fleet_member WHERE removed_at IS NOT NULL."
                     .into(),
             ),
             TsoError::MemberNotRegistered(_) => Some(

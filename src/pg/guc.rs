@@ -24,6 +24,8 @@ static ALLOW_DROP: GucSetting<bool> = GucSetting::<bool>::new(false);
 static RESOLVED_INTERVAL_MS: GucSetting<i32> = GucSetting::<i32>::new(100);
 static SEQ_IN_PLACE: GucSetting<bool> = GucSetting::<bool>::new(true);
 static MEMBER_RESERVATION_MAX: GucSetting<i32> = GucSetting::<i32>::new(65_536);
+static MAX_MEMBERS: GucSetting<i32> =
+    GucSetting::<i32>::new(tsoracle_core::fleet::MAX_MEMBERS_DEFAULT as i32);
 static IN_PLACE_IGNORE_SLOTS: GucSetting<Option<CString>> =
     GucSetting::<Option<CString>>::new(None);
 #[cfg(feature = "clock-fault")]
@@ -212,6 +214,16 @@ pub fn define() {
         GucContext::Userset,
         GucFlags::default(),
     );
+    GucRegistry::define_int_guc(
+        c"tsoracle.max_members",
+        c"On the oracle of a fleet, how many members it admits (removed ones included until re-admitted).",
+        c"Each takes a slot of shared memory, sized when the server starts, and a connection while it is served. Changing it requires a restart.",
+        &MAX_MEMBERS,
+        1,
+        tsoracle_core::fleet::MAX_MEMBERS_LIMIT as i32,
+        GucContext::Postmaster,
+        GucFlags::default(),
+    );
     GucRegistry::define_string_guc(
         c"tsoracle.in_place_ignore_slots",
         c"Logical replication slots, by name (comma-separated), that never decode tsoracle's tables.",
@@ -398,6 +410,13 @@ pub fn resolved_interval_ms() -> u64 {
 
 pub fn member_reservation_max() -> u32 {
     MEMBER_RESERVATION_MAX.get().max(1) as u32
+}
+
+/// `tsoracle.max_members`: the slots of the oracle's fleet (the same all the server's life).
+pub fn max_members() -> usize {
+    usize::try_from(MAX_MEMBERS.get())
+        .unwrap_or(1)
+        .clamp(1, tsoracle_core::fleet::MAX_MEMBERS_LIMIT)
 }
 
 pub fn seq_in_place() -> bool {

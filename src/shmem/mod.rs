@@ -32,7 +32,7 @@ pub use signals::{signals, Signals};
 /// Called from `_PG_init` when preloading.
 pub fn init() {
     // pg_shmem_init! expands to a #[pg_guard] hook calling into pg_sys.
-    use fleet::FLEET;
+    use fleet::{FleetInit, FLEET};
     use holders::{HoldersInit, HOLDERS};
     use member::MEMBER;
     use pgrx::{pg_guard, pg_sys};
@@ -44,7 +44,7 @@ pub fn init() {
     pgrx::pg_shmem_init!(SIGNALS = SignalsInit);
     pgrx::pg_shmem_init!(HOLDERS = HoldersInit);
     pgrx::pg_shmem_init!(MEMBER);
-    pgrx::pg_shmem_init!(FLEET);
+    pgrx::pg_shmem_init!(FLEET = FleetInit);
     #[cfg(feature = "clock-fault")]
     crate::pg::clock::fault::init();
 }

@@ -4,7 +4,7 @@
 
 use crate::caller::{fleet, resolved::fleet_current};
 use crate::pg::error::{check_superuser, OrReport, TsoError};
-use crate::shmem::fleet::{MemberSlot, FLEET};
+use crate::shmem::fleet::{MemberSlot, Slots, FLEET};
 use crate::shmem::ORACLE;
 use pgrx::prelude::*;
 use std::ffi::CStr;
@@ -73,7 +73,7 @@ type StatusRow = (
 
 /// The members as the oracle's shared memory has them (on the primary).
 fn status_rows() -> Vec<StatusRow> {
-    let fleet = *FLEET.share();
+    let fleet = FLEET.share().copy();
     // A removed member holds nothing: it is not listed (tsoracle.fleet_member has it).
     let members: Vec<MemberSlot> = fleet.used().filter(|m| m.holds()).copied().collect();
     let entries: Vec<_> = members.iter().map(MemberSlot::entry).collect();

@@ -8,7 +8,7 @@
 //! `R_f` never goes down across a failover. A member is served no timestamp before its
 //! registration committed (`caller::fleet::check_served`).
 
-use crate::shmem::fleet::{FleetState, MemberSlot, FLEET, MAX_MEMBERS};
+use crate::shmem::fleet::{MemberSlot, Slots, FLEET};
 use pgrx::prelude::*;
 use tsoracle_core::fleet::{fleet_resolved, publish};
 
@@ -44,8 +44,11 @@ pub(super) fn urgent() -> bool {
     !f.loaded || f.used().any(|m| !m.persisted || m.removing || m.admitting)
 }
 
-fn computed(f: &FleetState, own: u64) -> u64 {
-    publish(f.published, fleet_resolved(own, f.used().filter(|m| m.holds()).map(|m| m.entry())))
+/// `R_f` over the members with a slot and, if `tsoracle.max_members` left some without one,
+/// their lowest entry.
+fn computed(f: &impl Slots, own: u64) -> u64 {
+    let placed = f.used().filter(|m| m.holds()).map(|m| m.entry());
+    publish(f.header().published, fleet_resolved(own, placed.chain(f.header().unplaced_entry())))
 }
 
 /// Read what a previous primary made durable (the first time since this server started).
@@ -56,9 +59,9 @@ fn load() -> Result<(Vec<MemberSlot>, u64), pgrx::spi::Error> {
                     (pg_catalog.date_part('epoch', registered_at) OPERATOR(pg_catalog.*) 1000)::pg_catalog.int8, \
                     COALESCE((pg_catalog.date_part('epoch', reported_at) OPERATOR(pg_catalog.*) 1000)::pg_catalog.int8, 0), \
                     removed_at IS NOT NULL \
-             FROM tsoracle.fleet_member ORDER BY system_id LIMIT $1",
+             FROM tsoracle.fleet_member ORDER BY system_id",
             None,
-            &[(MAX_MEMBERS as i64).into()],
+            &[],
         )?;
         let mut members = Vec::new();
         for row in rows {
@@ -94,7 +97,7 @@ fn load() -> Result<(Vec<MemberSlot>, u64), pgrx::spi::Error> {
 /// compute `R_f` (`own`: the oracle's own `R`, computed before the transaction began); the
 /// caller publishes it (`Written::raised`).
 pub(super) fn write(own: u64) -> Result<Written, pgrx::spi::Error> {
-    let mut f = *FLEET.share();
+    let mut f = FLEET.share().copy();
     let loaded = if f.loaded { None } else { Some(load()?) };
     if let Some((rows, published)) = &loaded {
         f.published = f.published.max(*published);
@@ -140,15 +143,17 @@ pub(super) fn write(own: u64) -> Result<Written, pgrx::spi::Error> {
 
 /// After the commit: what was written is durable; `R_f` may be handed out.
 pub(super) fn committed(w: Written, now_ms: u64) {
+    let mut unplaced = (0, 0);
     let mut f = FLEET.exclusive();
     if let Some((rows, published)) = w.loaded {
         f.published = f.published.max(published);
         f.merge(&rows);
         f.loaded = true;
+        unplaced = (f.unplaced, f.members().len());
     }
     for m in w.members {
         let Some(i) = f.find(m.system_id) else { continue };
-        let slot = &mut f.members[i];
+        let slot = &mut f.members_mut()[i];
         if m.admitting {
             if slot.admitting {
                 *slot = MemberSlot::default();
@@ -165,5 +170,13 @@ pub(super) fn committed(w: Written, now_ms: u64) {
     if w.resolved > f.published {
         f.published = w.resolved;
         f.published_ms = now_ms;
+    }
+    drop(f);
+    if unplaced.0 > 0 {
+        pgrx::warning!(
+            "tsoracle: {} members of tsoracle.fleet_member have no place among the {} of tsoracle.max_members: they are refused (53400) and hold the fleet's resolved timestamp until it is raised (a restart)",
+            unplaced.0,
+            unplaced.1
+        );
     }
 }

@@ -732,9 +732,10 @@ fn the_exporter_reports_what_tso_status_says() {
     assert_eq!(value(&m, "tsoracle_serving"), 1.0);
     assert_eq!(value(&m, "tsoracle_primary"), 1.0);
     assert_eq!(value(&m, "tsoracle_member"), 0.0);
-    // No fleet: no member, no R_f published.
+    // No fleet: no member, no R_f published, no slot in use.
     assert_eq!(value(&m, "tsoracle_fleet_members"), 0.0);
     assert_eq!(value(&m, "tsoracle_fleet_resolved_lag_seconds"), 0.0);
+    assert_eq!(value(&m, "tsoracle_fleet_slots_used"), 0.0);
     let info = m.samples_of("tsoracle_status_info");
     assert_eq!(info.len(), 1);
     assert_eq!(
@@ -754,12 +755,10 @@ fn the_exporter_reports_what_tso_status_says() {
         (hw_hi - wall_lo) / 1000.0,
     );
     let setting = |c: &mut Client, name: &str| -> f64 {
-        let v: String = c
-            .query_one("SELECT setting FROM pg_settings WHERE name = $1", &[&name])
-            .unwrap()
-            .get(0);
-        v.parse::<f64>().unwrap()
+        let sql = "SELECT setting::float8 FROM pg_settings WHERE name = $1";
+        c.query_one(sql, &[&name]).unwrap().get(0)
     };
+    assert_eq!(value(&m, "tsoracle_fleet_slots_max"), setting(&mut su, "tsoracle.max_members"));
     let window_ahead = setting(&mut su, "tsoracle.window_ahead_ms") / 1000.0;
     assert_eq!(value(&m, "tsoracle_window_ahead_seconds"), window_ahead);
     let max_lead = setting(&mut su, "tsoracle.max_lead_ms") / 1000.0;

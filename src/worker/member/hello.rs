@@ -12,7 +12,10 @@ impl Proxy {
         &mut self,
         rows: Result<Vec<Vec<Option<String>>>, crate::pg::libpq::RemoteError>,
     ) -> Result<(), String> {
-        let rows = rows.map_err(|e| self.identity.refused(&e))?;
+        let rows = rows.map_err(|e| {
+            self.hello_refused(&e);
+            self.identity.refused(&e)
+        })?;
         let row = rows.first().ok_or("the oracle's hello returned no row")?;
         let field = |i: usize| row.get(i).cloned().flatten().unwrap_or_default();
         let version = field(1);

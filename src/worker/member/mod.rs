@@ -38,6 +38,7 @@ mod identity;
 mod land;
 mod oracle;
 mod past;
+mod refused;
 mod send;
 
 use super::state::{refuse, set_phase, Worker};
@@ -158,6 +159,8 @@ pub(super) struct Proxy {
     durable_epoch: u64,
     /// The identity it registers under (`tsoracle.member_identity`).
     identity: Identity,
+    /// The last hello's refusal, when callers are told it as it came (`refused.rs`).
+    refused: Option<crate::pg::libpq::RemoteError>,
 }
 
 /// `tsoracle.oracle` as libpq reads it, with any password hidden; a connection string libpq
@@ -208,6 +211,7 @@ pub(super) fn run(signals: &'static Signals, conninfo: String, shown: String) {
         own,
         durable_epoch: 0,
         identity,
+        refused: None,
     };
     set_phase(signals, Phase::Starting);
     loop {
@@ -289,13 +293,20 @@ impl Proxy {
     fn step(&mut self) {
         match std::mem::replace(&mut self.link, Link::Down(Instant::now())) {
             Link::Down(at) if Instant::now() < at => self.link = Link::Down(at),
-            Link::Down(_) => match Conn::start(&self.conninfo, "tsoracle member") {
-                Ok(conn) => {
-                    self.link =
-                        Link::Connecting { conn, want: Progress::Write, started: Instant::now() }
+            Link::Down(_) => {
+                // A new hello decides again whether callers are told a refusal (refused.rs).
+                self.refused = None;
+                match Conn::start(&self.conninfo, "tsoracle member") {
+                    Ok(conn) => {
+                        self.link = Link::Connecting {
+                            conn,
+                            want: Progress::Write,
+                            started: Instant::now(),
+                        }
+                    }
+                    Err(e) => self.down(&format!("cannot connect to the oracle: {e}")),
                 }
-                Err(e) => self.down(&format!("cannot connect to the oracle: {e}")),
-            },
+            }
             Link::Connecting { mut conn, started, .. } => {
                 if started.elapsed().as_millis() as i64 > guc::extension_timeout_ms() {
                     return self.down("cannot connect to the oracle: timed out");
@@ -316,6 +327,7 @@ impl Proxy {
                 }
             }
         }
+        self.answer_refused();
     }
 
     /// Connected: pipeline mode, then the hello before anything else.

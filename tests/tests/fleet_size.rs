@@ -1,0 +1,175 @@
+//! A fleet's size (issue 55): `tsoracle.max_members` sets how many members an oracle admits.
+//!
+//! - an oracle with `tsoracle.max_members = 128` admits more than 64 members: 100 simulated
+//!   ones (a session each, saying hello and fetching values through `tsoracle.member_next`,
+//!   as a member's worker does) and a real member cluster; each is served (its values unique
+//!   and increasing) and listed in `tso_fleet_status()`; the slots in use are what
+//!   `contrib/prometheus/queries.yaml` exports (rows of `tsoracle.fleet_member`, removed ones
+//!   included);
+//! - with every slot taken, the 129th hello is refused `53400` with a HINT naming
+//!   `tsoracle.max_members`; a removed member keeps its slot (still refused) until it is
+//!   re-admitted;
+//! - a real member that finds the fleet full: its callers get `53400` and the oracle's HINT,
+//!   not `57P03` after `tsoracle.extension_timeout_ms`; once a place is freed it is served.
+//!
+//! Run with: `cargo test -p tsoracle-tests --test fleet_size -- --test-threads=2`
+
+use std::time::Duration;
+
+use postgres::error::SqlState;
+use postgres::Client;
+use tsoracle_tests::fleet::{admit_members, member, member_opts, oracle_conninfo, MEMBER_ROLE};
+use tsoracle_tests::{expect_sqlstate, pg_error_string, poll_until, serving_node, Node, NodeOpts};
+
+const MAX_MEMBERS: i64 = 128;
+const SIMULATED: i64 = 100;
+/// The simulated members' identities: far from any cluster's system identifier.
+const FIRST_ID: i64 = 55_000;
+
+/// A simulated member: a session on the oracle that said hello as `id` (again while the oracle
+/// answers `57P03`, not serving yet, as a member's worker does).
+fn hello(oracle: &Node, id: i64, version: &str) -> Result<Client, postgres::Error> {
+    let mut c = oracle.connect_as(MEMBER_ROLE);
+    let sql = "SELECT * FROM tsoracle.member_hello($1, $2, 0)";
+    poll_until("a hello answered", Duration::from_secs(30), || {
+        match c.query(sql, &[&id, &version]) {
+            Err(e) if e.code() == Some(&SqlState::CANNOT_CONNECT_NOW) => None,
+            r => Some(r.map(|_| ())),
+        }
+    })?;
+    Ok(c)
+}
+
+/// `count` values through a simulated member's session, once its registration is durable
+/// (before that the oracle answers `57P03`, and the member's worker tries again): the first.
+fn next(c: &mut Client, count: i32) -> i64 {
+    poll_until("a simulated member is served", Duration::from_secs(30), || {
+        match c.query_one("SELECT tsoracle.member_next($1)", &[&count]) {
+            Ok(row) => Some(row.get::<_, Vec<i64>>(0)[0]),
+            Err(_) => None,
+        }
+    })
+}
+
+fn slots_in_use(oracle: &Node) -> i64 {
+    oracle.connect().query_one("SELECT count(*) FROM tsoracle.fleet_member", &[]).unwrap().get(0)
+}
+
+fn listed(oracle: &Node) -> Vec<i64> {
+    oracle
+        .connect()
+        .query("SELECT system_id FROM tso_fleet_status() ORDER BY system_id", &[])
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect()
+}
+
+fn hint(e: &postgres::Error) -> String {
+    e.as_db_error().and_then(|d| d.hint()).unwrap_or_default().to_string()
+}
+
+#[test]
+fn an_oracle_admits_max_members_and_refuses_the_next_with_its_reason() {
+    let oracle = serving_node(
+        "fs-oracle",
+        NodeOpts::new()
+            .setting("tsoracle.max_members", MAX_MEMBERS)
+            .setting("max_connections", 200),
+    );
+    admit_members(&oracle);
+    let version: String = oracle
+        .connect()
+        .query_one("SELECT extversion FROM pg_extension WHERE extname = 'tsoracle'", &[])
+        .unwrap()
+        .get(0);
+    let shown: String =
+        oracle.connect().query_one("SHOW tsoracle.max_members", &[]).unwrap().get(0);
+    assert_eq!(shown, MAX_MEMBERS.to_string());
+
+    // More than 64 members, each served and listed.
+    let mut sessions: Vec<(i64, Client)> = (0..SIMULATED)
+        .map(|i| {
+            let id = FIRST_ID + i;
+            let c = hello(&oracle, id, &version)
+                .unwrap_or_else(|e| panic!("hello of member {i}: {}", pg_error_string(&e)));
+            (id, c)
+        })
+        .collect();
+    let mut last = 0i64;
+    for round in 0..2 {
+        for (id, c) in &mut sessions {
+            let first = next(c, 16);
+            assert!(first > last, "member {id}, round {round}: {first} after {last}");
+            last = first + 15;
+        }
+    }
+    let ids: Vec<i64> = (FIRST_ID..FIRST_ID + SIMULATED).collect();
+    assert_eq!(listed(&oracle), ids, "every simulated member listed");
+
+    // A real member cluster among them.
+    let conninfo = oracle_conninfo(&[oracle.port()], MEMBER_ROLE);
+    let real = member("fs-real", &conninfo);
+    let a: i64 = real.connect().query_one("SELECT tso_next()", &[]).unwrap().get(0);
+    assert!(a > last, "the real member's value {a} after the simulated ones' {last}");
+    assert_eq!(listed(&oracle).len() as i64, SIMULATED + 1);
+
+    // Fill every slot; the next hello is refused 53400 with its HINT.
+    for i in SIMULATED..MAX_MEMBERS - 1 {
+        let id = FIRST_ID + i;
+        let mut c = hello(&oracle, id, &version)
+            .unwrap_or_else(|e| panic!("hello of member {i}: {}", pg_error_string(&e)));
+        next(&mut c, 1);
+        sessions.push((id, c));
+    }
+    poll_until("every slot in use, durably", Duration::from_secs(10), || {
+        (slots_in_use(&oracle) == MAX_MEMBERS).then_some(())
+    });
+    let e = expect_sqlstate(
+        hello(&oracle, FIRST_ID + MAX_MEMBERS, &version).map(|_| ()),
+        &SqlState::CONFIGURATION_LIMIT_EXCEEDED,
+        "the 129th member's hello",
+    );
+    assert!(pg_error_string(&e).contains("at most 128 members"), "{}", pg_error_string(&e));
+    assert!(hint(&e).contains("tsoracle.max_members"), "HINT: {}", hint(&e));
+
+    // A removed member keeps its slot: the fleet stays full until it is re-admitted.
+    let (gone, c) = sessions.pop().expect("a session");
+    drop(c);
+    let mut su = oracle.connect();
+    poll_until("the member's session ended", Duration::from_secs(10), || {
+        su.query_one("SELECT tso_fleet_remove($1)", &[&gone]).ok().map(|_| ())
+    });
+    assert!(!listed(&oracle).contains(&gone), "a removed member is not listed");
+    assert_eq!(slots_in_use(&oracle), MAX_MEMBERS, "a removed member keeps its slot");
+    expect_sqlstate(
+        hello(&oracle, FIRST_ID + MAX_MEMBERS, &version).map(|_| ()),
+        &SqlState::CONFIGURATION_LIMIT_EXCEEDED,
+        "a hello while a removed member holds the last slot",
+    );
+
+    // A real member that finds the fleet full: its callers hear why, as the oracle said it.
+    let full = Node::start_new("fs-full", member_opts(&conninfo)).expect("start the member");
+    full.connect().batch_execute("CREATE EXTENSION tsoracle").expect("CREATE EXTENSION");
+    let e = poll_until("the full fleet's refusal on the member", Duration::from_secs(30), || {
+        match full.connect().query_one("SELECT tso_next()", &[]) {
+            Ok(_) => panic!("a member beyond tsoracle.max_members was served"),
+            Err(e) if e.code() == Some(&SqlState::CONFIGURATION_LIMIT_EXCEEDED) => Some(e),
+            // Before its worker's first hello, or (without the fix) after the timeout.
+            Err(_) => None,
+        }
+    });
+    assert!(pg_error_string(&e).contains("at most 128 members"), "{}", pg_error_string(&e));
+    assert!(hint(&e).contains("tsoracle.max_members"), "HINT on the member: {}", hint(&e));
+    let last_error: Option<String> =
+        full.connect().query_one("SELECT last_error FROM tso_member_status()", &[]).unwrap().get(0);
+    assert!(last_error.unwrap_or_default().contains("53400"), "tso_member_status().last_error");
+
+    // Its place freed, the member is served.
+    let readmitted: bool = su.query_one("SELECT tso_fleet_admit($1)", &[&gone]).unwrap().get(0);
+    assert!(readmitted);
+    full.wait_serving().expect("the member served once a place is free");
+    let b: i64 = full.connect().query_one("SELECT tso_next()", &[]).unwrap().get(0);
+    assert!(b > a, "{b} after {a}");
+    assert_eq!(slots_in_use(&oracle), MAX_MEMBERS);
+}
