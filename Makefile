@@ -142,7 +142,7 @@ test-regress-%: deps
 test-upgrade: deps
 	old=$$(CARGO_TARGET_DIR=target/$(UPGRADE_FROM) $(call test_pg,$(UPGRADE_FROM),--install)) && \
 	new=$$($(call test_pg,$(UPGRADE_TO),--install)) && \
-	TSORACLE_UPGRADE_FROM_BIN="$$old" TSORACLE_PG_BIN="$$new" cargo test -p tsoracle-tests --test upgrade
+	TSORACLE_UPGRADE_FROM_BIN="$$old" TSORACLE_PG_BIN="$$new" cargo test -p tsoracle-tests --test upgrade --test upgrade_fleet
 
 # Installing a different build under load (tests/tests/install.rs), on PG_MAJOR.
 test-install: deps

@@ -241,6 +241,20 @@ impl OracleSeen {
         }
     }
 
+    /// The same memory, with the oracle's system identifier replaced by `successor` when one is
+    /// named (`tsoracle.oracle_successor`, docs/operations/fleet/pg-upgrade.md): `pg_upgrade`
+    /// gives the upgraded oracle a new system identifier, and a superuser names it on each
+    /// member. The highest epoch seen is kept, so the successor is admitted only at an epoch no
+    /// older than any the member saw; and every other cluster (the old oracle started again,
+    /// a copy of it upgraded apart) is refused as another cluster from then on. `None` or 0:
+    /// unchanged.
+    pub fn succeeded_by(self, successor: Option<u64>) -> OracleSeen {
+        match successor {
+            Some(id) if id != 0 => OracleSeen { system_id: id, epoch: self.epoch },
+            _ => self,
+        }
+    }
+
     /// An oracle's hello, answering with `system_id` and `epoch`: what to remember from now on,
     /// or why it is refused (another cluster than the one seen before, an oracle that is not
     /// serving, or an epoch older than one seen: a deposed primary).

@@ -111,6 +111,35 @@ proptest! {
         }
     }
 
+    /// A successor named after the oracle's `pg_upgrade` is the only cluster admitted from
+    /// then on (the old oracle and any other cluster are refused), and only at an epoch no
+    /// older than the highest seen: naming it never lowers what the member remembers.
+    #[test]
+    fn a_named_successor_is_the_only_oracle_admitted_and_never_older(
+        seen_id in 0u64..4,
+        seen_epoch in 0u64..6,
+        successor in prop::option::of(0u64..4),
+        hellos in prop::collection::vec((1u64..4, 0u64..8), 1..12),
+    ) {
+        let seen = OracleSeen { system_id: seen_id, epoch: seen_epoch };
+        let named = seen.succeeded_by(successor);
+        prop_assert_eq!(named.epoch, seen_epoch);
+        match successor {
+            Some(id) if id != 0 => prop_assert_eq!(named.system_id, id),
+            _ => prop_assert_eq!(named, seen),
+        }
+        for (system_id, epoch) in hellos {
+            if let Ok(next) = named.admit(system_id, epoch) {
+                prop_assert!(epoch >= seen_epoch && epoch > 0);
+                match successor {
+                    Some(id) if id != 0 => prop_assert_eq!(system_id, id),
+                    _ => prop_assert!(seen_id == 0 || system_id == seen_id),
+                }
+                prop_assert_eq!(next.epoch, epoch);
+            }
+        }
+    }
+
     /// Merging two memories keeps the highest epoch and a known system identifier.
     #[test]
     fn merged_memories_keep_the_highest_epoch(a_id in 0u64..3, a in 0u64..9, b_id in 0u64..3, b in 0u64..9) {

@@ -7,6 +7,7 @@ use std::ffi::CString;
 static DATABASE: GucSetting<Option<CString>> =
     GucSetting::<Option<CString>>::new(Some(c"postgres"));
 static ORACLE: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
+static ORACLE_SUCCESSOR: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
 static WINDOW_AHEAD_MS: GucSetting<i32> = GucSetting::<i32>::new(3000);
 static FAILOVER_ADVANCE_MS: GucSetting<i32> = GucSetting::<i32>::new(1000);
 static EXTENSION_TIMEOUT_MS: GucSetting<i32> = GucSetting::<i32>::new(5000);
@@ -57,6 +58,14 @@ pub fn define() {
         &ORACLE,
         GucContext::Postmaster,
         GucFlags::SUPERUSER_ONLY,
+    );
+    GucRegistry::define_string_guc(
+        c"tsoracle.oracle_successor",
+        c"On a member: the system identifier of its oracle after pg_upgrade, admitted in place of the one tsoracle.member_oracle has.",
+        c"Read at every hello. The highest epoch the member saw is kept: the successor is admitted only at no older an epoch, and every other cluster, the old oracle included, is refused from then on. Empty: only the remembered oracle.",
+        &ORACLE_SUCCESSOR,
+        GucContext::Sighup,
+        GucFlags::default(),
     );
     GucRegistry::define_int_guc(
         c"tsoracle.window_ahead_ms",
@@ -324,6 +333,22 @@ pub fn database() -> String {
 /// cluster that is its own oracle.
 pub fn oracle() -> Option<String> {
     ORACLE.get().map(|c| c.to_string_lossy().trim().to_string()).filter(|c| !c.is_empty())
+}
+
+/// `tsoracle.oracle_successor`: the system identifier a member admits in place of the one it
+/// remembers (after its oracle's `pg_upgrade`). `Ok(None)`: unset; `Err`: not a number.
+pub fn oracle_successor() -> Result<Option<u64>, String> {
+    let Some(text) = ORACLE_SUCCESSOR.get().map(|c| c.to_string_lossy().trim().to_string()) else {
+        return Ok(None);
+    };
+    if text.is_empty() {
+        return Ok(None);
+    }
+    text.parse::<i64>().map(|id| Some(id as u64)).map_err(|_| {
+        format!(
+            "tsoracle.oracle_successor = '{text}' is not a system identifier (SELECT system_identifier FROM pg_control_system() on the upgraded oracle)"
+        )
+    })
 }
 
 /// This cluster is a member of a fleet: its timestamps, blocks and leases come from the

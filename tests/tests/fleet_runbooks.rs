@@ -106,6 +106,9 @@ fn blocks_on(node: &Node, keys: &[&str], dense: &DenseHistory) -> SeqLoad {
 const JOIN_STEPS: &[(u32, &str)] = &[(1, "sh"), (2, "sh")];
 const LEAVE_STEPS: &[(u32, &str)] = &[(1, "sh"), (2, "sh"), (3, "sh")];
 const PITR_STEPS: &[(u32, &str)] = &[(1, "sh"), (2, "ini"), (3, "sh")];
+/// `pg_upgrade` of the oracle (pg-upgrade.md): driven by `tests/tests/upgrade_fleet.rs`
+/// (`make test-upgrade`, which has both majors), checked here against drift like the others.
+const PG_UPGRADE_ORACLE_STEPS: &[(u32, &str)] = &[(3, "sh")];
 
 #[test]
 fn a_cluster_joins_a_fleet_by_the_runbook_under_load() {
@@ -449,10 +452,11 @@ fn the_oracle_restored_to_a_point_in_time_serves_its_fleet_above_everything() {
 #[test]
 fn the_runbook_pages_are_what_the_tests_run_and_a_drifted_page_is_refused() {
     type Steps = &'static [(u32, &'static str)];
-    let books: [(&str, &str, Steps); 3] = [
+    let books: [(&str, &str, Steps); 4] = [
         ("join.md", "join", JOIN_STEPS),
         ("leave.md", "leave", LEAVE_STEPS),
         ("oracle-pitr.md", "oracle-pitr", PITR_STEPS),
+        ("pg-upgrade.md", "pg-upgrade-oracle", PG_UPGRADE_ORACLE_STEPS),
     ];
     for entry in std::fs::read_dir(pages_dir()).expect("docs/operations/fleet") {
         let path = entry.unwrap().path();

@@ -36,9 +36,13 @@ impl Proxy {
             OracleSeen { system_id: st.oracle_system_id, epoch: st.oracle_epoch }
         };
         let durable = super::oracle::read()?;
-        let seen = memory.merge(durable).admit(system_id, epoch).map_err(|e| match e {
+        // After the oracle's pg_upgrade (a new system identifier): the one a superuser named.
+        let successor = crate::pg::guc::oracle_successor()?;
+        let seen = memory.merge(durable).succeeded_by(successor).admit(system_id, epoch);
+        let seen = seen.map_err(|e| match e {
             OracleRefused::Other { .. } => format!(
-                "{e}; if it replaced the old oracle on purpose, DELETE FROM tsoracle.member_oracle here and restart"
+                "{e}; if pg_upgrade made it of the old oracle, set tsoracle.oracle_successor = '{}' here (docs/operations/fleet/pg-upgrade.md); if it replaced the old oracle on purpose, DELETE FROM tsoracle.member_oracle here and restart",
+                system_id as i64
             ),
             OracleRefused::Stale(_) => format!("{e}; looking for the new one"),
             OracleRefused::NotServing => e.to_string(),

@@ -108,6 +108,16 @@ impl Node {
         self.postmaster.as_ref().map(|c| c.id() as i32)
     }
 
+    /// Listen on `port` from the next start (a stopped node's address taken over: the cluster
+    /// `pg_upgrade` made of it, where its clients and a fleet's members look for it).
+    pub fn take_port(&mut self, port: u16) -> Result<()> {
+        if self.is_running() {
+            return Err(HarnessError::Other(format!("node {}: running", self.name)));
+        }
+        self.port.store(port, Ordering::SeqCst);
+        self.write_conf()
+    }
+
     /// Start the server and wait until it accepts connections (or is a hot standby that does).
     pub fn start(&mut self) -> Result<()> {
         if self.is_running() {

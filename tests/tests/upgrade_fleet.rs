@@ -1,0 +1,332 @@
+//! `pg_upgrade` of a fleet's clusters (docs/operations/fleet/pg-upgrade.md), under load.
+//!
+//! - The oracle, on the old major with two members attached (on the new major), is upgraded
+//!   with `pg_upgrade` and started where the members look for it. Its new system identifier
+//!   is refused by every member until the page's step names it (`tsoracle.oracle_successor`,
+//!   run from the page as written); the members then serve again without a restart, every
+//!   history is unique and in order across it, the counters go on above every block granted
+//!   through the members, and `R_f` never goes down. Before the step, the members refuse
+//!   the upgraded oracle ("another cluster"): the test checks that they serve nothing then.
+//! - A member, on the old major with the fleet serving, is upgraded: it registers again under
+//!   its old entry (the oracle lists the same members), serves again, and `R_f` moves on.
+//!
+//! The two installations come from `TSORACLE_UPGRADE_FROM_BIN` (the old major) and
+//! `TSORACLE_PG_BIN` (the new one), as for `tests/tests/upgrade.rs`: `make test-upgrade`.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use postgres::Client;
+use tsoracle_tests::fleet::{admit_members, member, member_opts, oracle_conninfo, MEMBER_ROLE};
+use tsoracle_tests::load::{SeqLoad, SeqLoadOptions};
+use tsoracle_tests::node::pg_bin_dir;
+use tsoracle_tests::runbook::{run_sh, Runbook};
+use tsoracle_tests::{
+    ops, pg_error_string, poll_until, serving_node, tso, DenseHistory, Endpoint, History, Load,
+    LoadOptions, Node, NodeOpts, StopMode,
+};
+
+const KEYS: [&str; 2] = ["invoice", "order"];
+
+fn old_bin() -> PathBuf {
+    assert!(
+        std::env::var_os("TSORACLE_PG_BIN").is_some(),
+        "TSORACLE_PG_BIN names the new major's binaries (make test-upgrade)"
+    );
+    PathBuf::from(
+        std::env::var_os("TSORACLE_UPGRADE_FROM_BIN")
+            .expect("TSORACLE_UPGRADE_FROM_BIN names the old major's binaries (make test-upgrade)"),
+    )
+}
+
+/// The new major's options for a cluster `pg_upgrade` makes (no data checksums, as the old).
+fn upgraded_opts(settings: &BTreeMap<String, String>) -> NodeOpts {
+    let mut opts = NodeOpts::new().bin(pg_bin_dir()).initdb_arg("--no-data-checksums");
+    for (k, v) in settings {
+        if k.starts_with("tsoracle.") {
+            opts = opts.setting(k, v);
+        }
+    }
+    opts
+}
+
+/// `node` stopped and upgraded to the new major, started at its address.
+fn upgrade(node: &mut Node, name: &str) -> Node {
+    node.stop(StopMode::Fast).expect("stop the old cluster");
+    let mut new = Node::upgrade_from(node, name, upgraded_opts(node.settings()))
+        .unwrap_or_else(|e| panic!("pg_upgrade: {e}"));
+    new.take_port(node.port()).expect("the old cluster's address");
+    new.start().expect("start the upgraded cluster");
+    new
+}
+
+fn system_identifier(c: &mut Client) -> i64 {
+    c.query_one("SELECT system_identifier FROM pg_control_system()", &[])
+        .unwrap_or_else(|e| panic!("pg_control_system(): {}", pg_error_string(&e)))
+        .get(0)
+}
+
+/// `R_f` on the oracle; `None` while it has none to publish (`57P03`: an upgraded oracle
+/// before its members report again), never a lower one.
+fn fleet_resolved(c: &mut Client) -> Option<i64> {
+    match c.query_one("SELECT tso_fleet_resolved()", &[]) {
+        Ok(row) => Some(row.get(0)),
+        Err(e) if e.code().map(|s| s.code()) == Some("57P03") => None,
+        Err(e) => panic!("tso_fleet_resolved(): {}", pg_error_string(&e)),
+    }
+}
+
+/// The identities the oracle lists as members.
+fn members_listed(c: &mut Client) -> BTreeSet<i64> {
+    c.query("SELECT system_id FROM tso_fleet_status()", &[])
+        .unwrap_or_else(|e| panic!("tso_fleet_status(): {}", pg_error_string(&e)))
+        .iter()
+        .map(|r| r.get(0))
+        .collect()
+}
+
+/// `R_f` read every 100 ms at `conninfo` (the oracle's address, the upgraded oracle's too)
+/// until stopped: every value read, in order.
+struct ResolvedWatch {
+    stop: Arc<AtomicBool>,
+    thread: std::thread::JoinHandle<Vec<i64>>,
+}
+
+impl ResolvedWatch {
+    fn start(conninfo: String) -> ResolvedWatch {
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopped = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let mut seen = Vec::new();
+            let mut client = None;
+            while !stopped.load(Ordering::SeqCst) {
+                if client.is_none() {
+                    client = postgres::Client::connect(&conninfo, postgres::NoTls).ok();
+                }
+                if let Some(c) = client.as_mut() {
+                    match c.query_one("SELECT tso_fleet_resolved()", &[]) {
+                        Ok(row) => seen.push(row.get::<_, i64>(0)),
+                        Err(e) if e.is_closed() || e.code().is_none() => client = None,
+                        Err(_) => {}
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            seen
+        });
+        ResolvedWatch { stop, thread }
+    }
+
+    /// Stop; `R_f` never went down, and was read at least `min` times.
+    fn check(self, min: usize) {
+        self.stop.store(true, Ordering::SeqCst);
+        let seen = self.thread.join().expect("the R_f watch");
+        assert!(seen.len() >= min, "R_f read {} times", seen.len());
+        for w in seen.windows(2) {
+            assert!(w[1] >= w[0], "R_f went down from {} to {}", w[0], w[1]);
+        }
+        eprintln!("R_f read {} times, never lower", seen.len());
+    }
+}
+
+/// `R_f` on `oracle` rises above `above` (every member's entry moves on).
+fn wait_resolved_above(oracle: &Node, above: i64, what: &str) -> i64 {
+    poll_until(what, Duration::from_secs(60), || {
+        fleet_resolved(&mut oracle.connect()).filter(|&r| r > above)
+    })
+}
+
+/// Timestamps and blocks on each member, into `history` and `dense`.
+fn load_members(
+    members: &[&Node],
+    history: &History,
+    dense: &DenseHistory,
+) -> (Vec<Load>, Vec<SeqLoad>) {
+    let run = Duration::from_secs(500);
+    let mut loads = Vec::new();
+    let mut seqs = Vec::new();
+    for m in members {
+        m.connect()
+            .batch_execute("CREATE ROLE app LOGIN; GRANT tsoracle_seq_user TO app")
+            .expect("app role");
+        let endpoint = Endpoint::fixed(m.name(), &m.conninfo());
+        loads.push(Load::start(
+            vec![endpoint],
+            LoadOptions::new(4, run),
+            ops::mixed(20),
+            history.clone(),
+        ));
+        seqs.push(SeqLoad::start(
+            Endpoint::fixed(m.name(), &m.conninfo_for("app", "postgres")),
+            SeqLoadOptions::new(2, run, &KEYS),
+            dense.clone(),
+        ));
+    }
+    (loads, seqs)
+}
+
+/// Stop the loads; every history unique and in order, every block below the oracle's counters.
+fn check_histories(
+    loads: Vec<Load>,
+    seqs: Vec<SeqLoad>,
+    history: &History,
+    dense: &DenseHistory,
+    oracle: &Node,
+) {
+    for l in loads {
+        l.stop_and_join();
+    }
+    for s in seqs {
+        s.stop_and_join();
+    }
+    history.assert_valid();
+    let mut c = oracle.connect();
+    let totals: BTreeMap<String, i64> = KEYS
+        .iter()
+        .map(|k| {
+            let v: Option<i64> = c.query_one("SELECT tso_seq_peek($1)", &[k]).unwrap().get(0);
+            (k.to_string(), v.unwrap_or(0))
+        })
+        .collect();
+    let blocks = dense.check(Some(&totals)).unwrap_or_else(|v| panic!("blocks: {v}"));
+    for key in KEYS {
+        assert!(blocks.keys[key].ok_calls > 0, "{key}: no block granted");
+    }
+}
+
+#[test]
+fn pg_upgrade_of_the_oracle_with_members_attached_by_the_runbook() {
+    let old_bin = old_bin();
+    let book = Runbook::load("pg-upgrade.md", "pg-upgrade-oracle");
+    book.expect_steps(&[(3, "sh")]);
+
+    let mut oracle = serving_node("upf-oracle", NodeOpts::new().bin(&old_bin));
+    admit_members(&oracle);
+    let old_id = system_identifier(&mut oracle.connect());
+    let conninfo = oracle_conninfo(&[oracle.port()], MEMBER_ROLE);
+    let m1 = member("upf-m1", &conninfo);
+    let m2 = member("upf-m2", &conninfo);
+    let names = [m1.name(), m2.name()];
+    let history = History::default();
+    let dense = DenseHistory::default();
+    let (loads, seqs) = load_members(&[&m1, &m2], &history, &dense);
+    let started = Instant::now();
+    history.wait_progress_on(&names, started, 100, "the members serve");
+    let resolved_before = wait_resolved_above(&oracle, 0, "R_f published before the upgrade");
+    let watch = ResolvedWatch::start(oracle.conninfo());
+    let listed_before = members_listed(&mut oracle.connect());
+    assert_eq!(listed_before.len(), 2, "both members registered: {listed_before:?}");
+    let max_before = history.max_value().expect("timestamps before the upgrade");
+
+    // ---- steps 1 and 2: the oracle stopped, upgraded, started at its address
+    let new_oracle = upgrade(&mut oracle, "upf-oracle-18");
+    let mut c = new_oracle.connect();
+    tso::wait_serving(&mut c).unwrap_or_else(|e| panic!("the upgraded oracle serving: {e}"));
+    let new_id = system_identifier(&mut c);
+    assert_ne!(new_id, old_id, "pg_upgrade gave the oracle a new system identifier");
+    let r = fleet_resolved(&mut c);
+    assert!(r.is_none_or(|r| r >= resolved_before), "R_f went down across pg_upgrade: {r:?}");
+
+    // Without the page's step the members refuse it: another cluster.
+    let upgraded = Instant::now();
+    std::thread::sleep(Duration::from_secs(8));
+    for m in [&m1, &m2] {
+        let err: Option<String> = m
+            .connect()
+            .query_one("SELECT last_error FROM tso_member_status()", &[])
+            .expect("tso_member_status()")
+            .get(0);
+        let err = err.unwrap_or_default();
+        assert!(err.contains("another cluster"), "{}: {err}", m.name());
+    }
+    for name in names {
+        assert_eq!(
+            history.ok_calls_on_started_after(name, upgraded),
+            0,
+            "{name} served through an oracle it refuses"
+        );
+    }
+
+    // ---- step 3, from the page, on each member
+    let oracle_vars = new_oracle.conninfo();
+    for m in [&m1, &m2] {
+        run_sh(
+            book.step(3),
+            m.bin_dir(),
+            &[("ORACLE", oracle_vars.clone()), ("CLUSTER", m.conninfo())],
+        )
+        .unwrap_or_else(|e| panic!("{}: step 3: {e}", m.name()));
+    }
+    let t = Instant::now();
+    history.wait_progress_on(&names, t, 100, "the members serve after the upgrade");
+    let fresh = tso::tso_next(&mut new_oracle.connect()).expect("tso_next() on the oracle");
+    wait_resolved_above(&new_oracle, fresh, "R_f moves on past every member");
+    assert_eq!(members_listed(&mut new_oracle.connect()), listed_before, "the same members");
+    for m in [&m1, &m2] {
+        let kept: i64 = m
+            .connect()
+            .query_one("SELECT system_id FROM tsoracle.member_oracle", &[])
+            .expect("tsoracle.member_oracle")
+            .get(0);
+        assert_eq!(kept, new_id, "{}: remembers the upgraded oracle", m.name());
+    }
+    let after = history.value_range_within(t, Instant::now()).expect("served after").0;
+    assert!(after > max_before, "{after} after the upgrade <= {max_before} before");
+    check_histories(loads, seqs, &history, &dense, &new_oracle);
+    watch.check(20);
+
+    // The old oracle started again (pg_upgrade --copy leaves it startable) is refused.
+    drop(c);
+    let mut new_oracle = new_oracle;
+    new_oracle.stop(StopMode::Fast).expect("stop the upgraded oracle");
+    oracle.start().expect("the old oracle started again");
+    std::thread::sleep(Duration::from_secs(8));
+    let mut c = m1.connect();
+    let err: Option<String> =
+        c.query_one("SELECT last_error FROM tso_member_status()", &[]).unwrap().get(0);
+    assert!(err.unwrap_or_default().contains("another cluster"), "the old oracle is refused");
+    assert!(tso::tso_next(&mut c).is_err(), "nothing served through the old oracle");
+}
+
+#[test]
+fn pg_upgrade_of_a_member_with_the_fleet_serving() {
+    let old_bin = old_bin();
+    let oracle = serving_node("upm-oracle", NodeOpts::new());
+    admit_members(&oracle);
+    let conninfo = oracle_conninfo(&[oracle.port()], MEMBER_ROLE);
+    let mut m1 = serving_node("upm-m1", member_opts(&conninfo).bin(&old_bin));
+    let m2 = member("upm-m2", &conninfo);
+    let names = [m1.name().to_string(), m2.name().to_string()];
+    let names: Vec<&str> = names.iter().map(|s| s.as_str()).collect();
+    let history = History::default();
+    let dense = DenseHistory::default();
+    let (loads, seqs) = load_members(&[&m1, &m2], &history, &dense);
+    history.wait_progress_on(&names, Instant::now(), 100, "the members serve");
+    let listed_before = members_listed(&mut oracle.connect());
+    assert_eq!(listed_before.len(), 2, "both members registered: {listed_before:?}");
+    let old_id = system_identifier(&mut m1.connect());
+
+    let resolved_before = wait_resolved_above(&oracle, 0, "R_f published before the upgrade");
+    let watch = ResolvedWatch::start(oracle.conninfo());
+    let new_m1 = upgrade(&mut m1, "upm-m1-18");
+    tso::wait_serving(&mut new_m1.connect()).unwrap_or_else(|e| panic!("the upgraded member: {e}"));
+    assert_ne!(system_identifier(&mut new_m1.connect()), old_id, "a new system identifier");
+    let t = Instant::now();
+    history.wait_progress_on(&names, t, 100, "both members serve after the upgrade");
+    assert_eq!(
+        members_listed(&mut oracle.connect()),
+        listed_before,
+        "the upgraded member registered under its old entry"
+    );
+    // R_f passes a timestamp issued after the upgrade: no entry of the old member holds it.
+    let mut c = oracle.connect();
+    let r = fleet_resolved(&mut c);
+    assert!(r.is_none_or(|r| r >= resolved_before), "R_f went down: {r:?}");
+    let fresh = tso::tso_next(&mut c).unwrap_or_else(|e| panic!("{}", pg_error_string(&e)));
+    wait_resolved_above(&oracle, fresh, "R_f moves on past the upgraded member");
+    check_histories(loads, seqs, &history, &dense, &oracle);
+    watch.check(20);
+}
