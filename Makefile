@@ -16,7 +16,7 @@ QUICK_OPS_SECONDS ?= 8
 # ... and on the oldest and the newest, also the crash, failover and backup suites and a
 # fleet (an oracle that fails over, members that restart).
 FULL_MAJORS ?= 15 18
-FULL_SUITES := $(QUICK_SUITES) replication backup patroni fleet fleet_runbooks fleet_resolved fleet_statements fleet_members fleet_size
+FULL_SUITES := $(QUICK_SUITES) replication backup patroni fleet fleet_runbooks fleet_runbooks_more fleet_resolved fleet_statements fleet_members fleet_size
 # pg_repack on the extension's tables under load, on the majors whose pg_repack
 # scripts/install-deps.sh --test installs (Debian's package: 15).
 REPACK_MAJORS ?= 15

@@ -16,11 +16,14 @@
 //! (the fence's indentation removed); [`Runbook::expect_steps`] checks that a runbook has
 //! exactly the blocks a test drives, in order, so a block added, dropped, moved to another
 //! step or changed to another language on the page fails the test. `sh` blocks run with
-//! `bash -euo pipefail` ([`run_sh`]) and the variables `$CLUSTER`, `$ORACLE`, `$OLD` in their
-//! environment, set by the test to connection strings; `ini` blocks are `name = 'value'`
+//! `bash -euo pipefail` ([`run_sh`]) and the variables `$CLUSTER`, `$ORACLE`, `$OLD`, `$MEMBER` (and a page's own,
+//! such as `$MEMBER_ID`) in their environment, set by the test; `sql` blocks run with `psql -f`
+//! ([`run_sql`]); `ini` blocks are `name = 'value'`
 //! settings for a cluster's configuration file ([`settings`]).
 
+use crate::load::{SeqLoad, SeqLoadOptions};
 use crate::node::{run_cmd, scrub_env};
+use crate::{DenseHistory, Endpoint, History, Load, LoadOptions, Node};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
@@ -208,6 +211,131 @@ pub fn settings(block: &Block) -> Result<Vec<(String, String)>, String> {
         out.push((k.trim().to_string(), v.to_string()));
     }
     Ok(out)
+}
+
+/// The blocks (step, language) each runbook page holds, which its test runs
+/// (tests/tests/fleet_runbooks.rs, fleet_runbooks_more.rs).
+pub const JOIN_STEPS: &[(u32, &str)] = &[(1, "sh"), (2, "sh")];
+pub const LEAVE_STEPS: &[(u32, &str)] = &[(1, "sh"), (2, "sh"), (3, "sh")];
+pub const PITR_STEPS: &[(u32, &str)] = &[(1, "sh"), (2, "ini"), (3, "sh")];
+pub const SETUP_STEPS: &[(u32, &str)] = &[(1, "sql"), (2, "sh"), (3, "ini")];
+pub const REMOVE_STEPS: &[(u32, &str)] = &[(1, "sh"), (2, "sh"), (3, "sh"), (4, "sh"), (5, "sh")];
+/// `pg_upgrade` of the oracle (pg-upgrade.md): driven by `tests/tests/upgrade_fleet.rs` (`make
+/// test-upgrade`, which has both majors), checked against drift with the others.
+pub const PG_UPGRADE_ORACLE_STEPS: &[(u32, &str)] = &[(3, "sh")];
+
+/// A runbook's blocks: (step, language), in page order.
+pub type Steps = &'static [(u32, &'static str)];
+
+/// Every runbook a test runs: (page, runbook, its blocks).
+pub const BOOKS: &[(&str, &str, Steps)] = &[
+    ("join.md", "join", JOIN_STEPS),
+    ("leave.md", "leave", LEAVE_STEPS),
+    ("oracle-pitr.md", "oracle-pitr", PITR_STEPS),
+    ("set-up.md", "set-up", SETUP_STEPS),
+    ("remove-a-member.md", "remove-a-member", REMOVE_STEPS),
+    ("pg-upgrade.md", "pg-upgrade-oracle", PG_UPGRADE_ORACLE_STEPS),
+];
+
+/// Run a `sql` block as written with `psql -X -v ON_ERROR_STOP=1 -f` on `conninfo`, from the
+/// binaries of `bin`, in a session of its own (no controlling terminal: a prompt such as
+/// `\password`'s reads `stdin`); its standard output, or an error with its standard error.
+pub fn run_sql(block: &Block, bin: &Path, conninfo: &str, stdin: &str) -> crate::Result<String> {
+    use std::io::Write;
+    use std::os::unix::process::CommandExt;
+    use std::process::Stdio;
+    assert_eq!(block.lang, "sql", "runbook {} step {}: not a sql block", block.runbook, block.step);
+    let err = |what: &str, e: std::io::Error| crate::HarnessError::io(what.to_string(), e);
+    let file = std::env::temp_dir().join(format!(
+        "tsoracle-runbook-{}-{}-{}.sql",
+        block.runbook,
+        block.step,
+        std::process::id()
+    ));
+    std::fs::write(&file, &block.text).map_err(|e| err("write the block", e))?;
+    let mut cmd = Command::new(bin.join("psql"));
+    cmd.args(["-X", "-v", "ON_ERROR_STOP=1", "-d", conninfo, "-f"]).arg(&file);
+    scrub_env(&mut cmd);
+    cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    // SAFETY: setsid(2) only, between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::setsid();
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().map_err(|e| err("run psql", e))?;
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(stdin.as_bytes())
+        .map_err(|e| err("write psql's stdin", e))?;
+    let out = child.wait_with_output().map_err(|e| err("wait for psql", e))?;
+    let _ = std::fs::remove_file(&file);
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(crate::HarnessError::Other(format!(
+            "psql -f of runbook {} step {}: {}: {}",
+            block.runbook,
+            block.step,
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        )))
+    }
+}
+
+/// `$CLUSTER`, `$ORACLE`, `$OLD`, `$MEMBER` of the runbooks: connection strings, as a
+/// superuser.
+pub fn vars(pairs: &[(&'static str, &Node)]) -> Vec<(&'static str, String)> {
+    pairs.iter().map(|(k, n)| (*k, n.conninfo())).collect()
+}
+
+/// Run a runbook's `sh` block as the page writes it; panics with its error.
+#[track_caller]
+pub fn run_step(block: &Block, node: &Node, vars: &[(&str, String)]) -> String {
+    run_sh(block, node.bin_dir(), vars).unwrap_or_else(|e| {
+        panic!(
+            "runbook {} step {} (line {}): {e}\n{}",
+            block.runbook, block.step, block.line, block.text
+        )
+    })
+}
+
+/// The one integer psql printed (the value of a one-row, one-column result).
+#[track_caller]
+pub fn printed_number(out: &str) -> i64 {
+    let numbers: Vec<i64> = out.lines().filter_map(|l| l.trim().parse().ok()).collect();
+    assert_eq!(numbers.len(), 1, "one number in psql's output: {out}");
+    numbers[0]
+}
+
+/// A high-water a minute ahead of the clock.
+pub const AHEAD: &str = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint + 60000";
+
+#[track_caller]
+pub fn one_i64(c: &mut postgres::Client, sql: &str) -> i64 {
+    c.query_one(sql, &[]).unwrap_or_else(|e| panic!("{sql}: {}", crate::pg_error_string(&e))).get(0)
+}
+
+/// Timestamps on `node`'s endpoint, recorded in `history`, until stopped.
+pub fn timestamps_on(node: &Node, history: &History) -> Load {
+    Load::start(
+        vec![node.endpoint()],
+        LoadOptions::new(4, Duration::from_secs(300)),
+        crate::ops::mixed(20),
+        history.clone(),
+    )
+}
+
+/// Blocks of `keys` on `node`, recorded in `dense`, until stopped.
+pub fn blocks_on(node: &Node, keys: &[&str], dense: &DenseHistory) -> SeqLoad {
+    SeqLoad::start(
+        Endpoint::fixed(node.name(), &node.conninfo()),
+        SeqLoadOptions::new(2, Duration::from_secs(300), keys),
+        dense.clone(),
+    )
 }
 
 #[cfg(test)]

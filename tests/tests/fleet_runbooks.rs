@@ -33,83 +33,26 @@
 use std::time::{Duration, Instant};
 
 use postgres::error::SqlState;
-use postgres::Client;
 use tsoracle_tests::backup::{
     prepare_archive_recovery, switch_and_archive, wait_recovery_end, RecoveryTarget, WalArchive,
 };
 use tsoracle_tests::fleet::{admit_members, copy_between, member, oracle_conninfo, MEMBER_ROLE};
 use tsoracle_tests::history::check_calls;
-use tsoracle_tests::load::{SeqLoad, SeqLoadOptions};
-use tsoracle_tests::runbook::{pages_dir, parse, run_sh, settings, Block, Runbook};
+use tsoracle_tests::runbook::{
+    blocks_on, one_i64, pages_dir, parse, printed_number, run_step, settings, timestamps_on, vars,
+    Runbook, AHEAD, BOOKS, JOIN_STEPS, LEAVE_STEPS, PITR_STEPS,
+};
 use tsoracle_tests::{
-    expect_sqlstate, ops, pg_error_string, poll_until, serving_node, DenseHistory, Endpoint,
-    History, Load, LoadOptions, Node, NodeOpts, StopMode,
+    expect_sqlstate, pg_error_string, poll_until, serving_node, DenseHistory, History, Node,
+    NodeOpts, StopMode,
 };
 
 /// The runbooks' copy of the counters, from the cluster that has them to the one that
 /// continues them: merged (`GREATEST`) into what is there.
 const COUNTERS: (&str, &str) = ("SELECT key, next FROM tsoracle.seq", "tsoracle.seq (key, next)");
 
-/// `$CLUSTER`, `$ORACLE` and `$OLD` of the runbooks: connection strings, as a superuser.
-fn vars(pairs: &[(&'static str, &Node)]) -> Vec<(&'static str, String)> {
-    pairs.iter().map(|(k, n)| (*k, n.conninfo())).collect()
-}
-
-/// Run a runbook's `sh` block as the page writes it.
-#[track_caller]
-fn run_step(block: &Block, node: &Node, vars: &[(&str, String)]) -> String {
-    run_sh(block, node.bin_dir(), vars).unwrap_or_else(|e| {
-        panic!(
-            "runbook {} step {} (line {}): {e}\n{}",
-            block.runbook, block.step, block.line, block.text
-        )
-    })
-}
-
-/// The one integer psql printed (the value of a one-row, one-column result).
-#[track_caller]
-fn printed_number(out: &str) -> i64 {
-    let numbers: Vec<i64> = out.lines().filter_map(|l| l.trim().parse().ok()).collect();
-    assert_eq!(numbers.len(), 1, "one number in psql's output: {out}");
-    numbers[0]
-}
-
-/// A high-water a minute ahead of the clock.
-const AHEAD: &str = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint + 60000";
-
-fn one_i64(c: &mut Client, sql: &str) -> i64 {
-    c.query_one(sql, &[]).unwrap_or_else(|e| panic!("{sql}: {}", pg_error_string(&e))).get(0)
-}
-
-/// Timestamps on `node`'s endpoint, recorded in `history`, until stopped.
-fn timestamps_on(node: &Node, history: &History) -> Load {
-    Load::start(
-        vec![node.endpoint()],
-        LoadOptions::new(4, Duration::from_secs(300)),
-        ops::mixed(20),
-        history.clone(),
-    )
-}
-
-/// Blocks of `keys` on `node`, recorded in `dense`, until stopped.
-fn blocks_on(node: &Node, keys: &[&str], dense: &DenseHistory) -> SeqLoad {
-    SeqLoad::start(
-        Endpoint::fixed(node.name(), &node.conninfo()),
-        SeqLoadOptions::new(2, Duration::from_secs(300), keys),
-        dense.clone(),
-    )
-}
-
 /// A standalone cluster with timestamps and counters of its own joins a fleet by the runbook,
 /// under load on itself, on the oracle and on another member.
-/// The blocks (step, language) each runbook page holds, which its test runs.
-const JOIN_STEPS: &[(u32, &str)] = &[(1, "sh"), (2, "sh")];
-const LEAVE_STEPS: &[(u32, &str)] = &[(1, "sh"), (2, "sh"), (3, "sh")];
-const PITR_STEPS: &[(u32, &str)] = &[(1, "sh"), (2, "ini"), (3, "sh")];
-/// `pg_upgrade` of the oracle (pg-upgrade.md): driven by `tests/tests/upgrade_fleet.rs`
-/// (`make test-upgrade`, which has both majors), checked here against drift like the others.
-const PG_UPGRADE_ORACLE_STEPS: &[(u32, &str)] = &[(3, "sh")];
-
 #[test]
 fn a_cluster_joins_a_fleet_by_the_runbook_under_load() {
     let book = Runbook::load("join.md", "join");
@@ -451,19 +394,12 @@ fn the_oracle_restored_to_a_point_in_time_serves_its_fleet_above_everything() {
 /// renumbered, a block of another language — is refused before anything runs.
 #[test]
 fn the_runbook_pages_are_what_the_tests_run_and_a_drifted_page_is_refused() {
-    type Steps = &'static [(u32, &'static str)];
-    let books: [(&str, &str, Steps); 4] = [
-        ("join.md", "join", JOIN_STEPS),
-        ("leave.md", "leave", LEAVE_STEPS),
-        ("oracle-pitr.md", "oracle-pitr", PITR_STEPS),
-        ("pg-upgrade.md", "pg-upgrade-oracle", PG_UPGRADE_ORACLE_STEPS),
-    ];
     for entry in std::fs::read_dir(pages_dir()).expect("docs/operations/fleet") {
         let path = entry.unwrap().path();
         let text = std::fs::read_to_string(&path).unwrap();
         parse(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     }
-    for (page, name, want) in books {
+    for &(page, name, want) in BOOKS {
         let path = pages_dir().join(page);
         let text = std::fs::read_to_string(&path).unwrap();
         Runbook::from_text(&text, name, path.clone()).expect_steps(want);
@@ -482,13 +418,13 @@ fn the_runbook_pages_are_what_the_tests_run_and_a_drifted_page_is_refused() {
                 text.replace(&marker, &format!("<!-- runbook: {name} step={} -->", step + 10)),
                 "renumbered",
             );
-            let fence = format!("{marker}\n   ```{lang}");
-            if text.contains(&fence) {
-                drifted(
-                    text.replace(&fence, &format!("{marker}\n   ```text")),
-                    "of another language",
-                );
-            }
+            let fences = ["", "   "].map(|indent| format!("{marker}\n{indent}```{lang}"));
+            let fence = fences.iter().find(|f| text.contains(f.as_str()));
+            let fence = fence.unwrap_or_else(|| panic!("{page}: {marker} is not on its fence"));
+            drifted(
+                text.replace(fence, &fence.replace(&format!("```{lang}"), "```text")),
+                "of another language",
+            );
             if let Some(&(next, _)) = want.get(i + 1) {
                 let other = format!("<!-- runbook: {name} step={next} -->");
                 let swapped =

@@ -23,7 +23,7 @@ use postgres::Client;
 use tsoracle_tests::fleet::{admit_members, member, member_opts, oracle_conninfo, MEMBER_ROLE};
 use tsoracle_tests::load::{SeqLoad, SeqLoadOptions};
 use tsoracle_tests::node::pg_bin_dir;
-use tsoracle_tests::runbook::{run_sh, Runbook};
+use tsoracle_tests::runbook::{run_sh, Runbook, PG_UPGRADE_ORACLE_STEPS};
 use tsoracle_tests::{
     ops, pg_error_string, poll_until, serving_node, tso, DenseHistory, Endpoint, History, Load,
     LoadOptions, Node, NodeOpts, StopMode,
@@ -201,7 +201,7 @@ fn check_histories(
 fn pg_upgrade_of_the_oracle_with_members_attached_by_the_runbook() {
     let old_bin = old_bin();
     let book = Runbook::load("pg-upgrade.md", "pg-upgrade-oracle");
-    book.expect_steps(&[(3, "sh")]);
+    book.expect_steps(PG_UPGRADE_ORACLE_STEPS);
 
     let mut oracle = serving_node("upf-oracle", NodeOpts::new().bin(&old_bin));
     admit_members(&oracle);
