@@ -199,12 +199,27 @@ unsafe fn describe(rel: pg_sys::Relation) -> String {
 /// As [`describe`].
 unsafe fn describe_here(rel: pg_sys::Relation) -> String {
     let mut out = String::new();
-    // SAFETY: rd_rel, rd_att, rd_rules and trigdesc belong to the open relation; each pointer
-    // is checked before it is read; the catalog lookups and deparsing run inside the caller's
-    // transaction and allocate in its memory context.
+    // SAFETY: rd_rel, rd_att, rd_rules and trigdesc belong to the open relation, and each
+    // pointer is checked before it is read. A catalog lookup below may read invalidations
+    // (a VACUUM or ANALYZE of the table sends one, under a lock that does not conflict with
+    // ours) and rebuild the relation's entry, which frees its trigger descriptor and may
+    // replace its other parts: so everything is read, or copied, before the first lookup. The
+    // lookups and deparsing run inside the caller's transaction and allocate in its memory
+    // context.
     unsafe {
-        let form = &*(*rel).rd_rel;
+        let form = *(*rel).rd_rel;
         let relid = (*rel).rd_id;
+        let has_rules = !(*rel).rd_rules.is_null();
+        let relname = form.relname;
+        let desc = pg_sys::CreateTupleDescCopyConstr((*rel).rd_att);
+        let triggers = if (*rel).trigdesc.is_null() {
+            std::ptr::null_mut()
+        } else {
+            pg_sys::CopyTriggerDesc((*rel).trigdesc)
+        };
+        // The index list (a copy) before rd_pkindex: computing the list is what sets it.
+        let indexes = oids(pg_sys::RelationGetIndexList(rel));
+        let primary_key = (*rel).rd_pkindex;
         let _ = writeln!(
             out,
             "relation kind {}, {}, persistence {}, rules {}, row security {}/{}, partition {}, typed {}",
@@ -213,15 +228,14 @@ unsafe fn describe_here(rel: pg_sys::Relation) -> String {
             form.relpersistence as u8 as char,
             // Its rules as the relcache holds them (`relhasrules` stays set once a rule was
             // dropped, until a VACUUM).
-            !(*rel).rd_rules.is_null(),
+            has_rules,
             form.relrowsecurity,
             form.relforcerowsecurity,
             form.relispartition,
             form.reloftype != pg_sys::InvalidOid,
         );
-        let desc = (*rel).rd_att;
         let constr = (*desc).constr;
-        let context = pg_sys::deparse_context_for(form.relname.data.as_ptr(), relid);
+        let context = pg_sys::deparse_context_for(relname.data.as_ptr(), relid);
         let deparse = |bin: *const c_char| -> String {
             if bin.is_null() {
                 return String::new();
@@ -280,9 +294,6 @@ unsafe fn describe_here(rel: pg_sys::Relation) -> String {
                 ));
             }
         }
-        // The list first: computing it is what sets rd_pkindex.
-        let indexes = oids(pg_sys::RelationGetIndexList(rel));
-        let primary_key = (*rel).rd_pkindex;
         for index in indexes {
             let primary = if primary_key != pg_sys::InvalidOid && index == primary_key {
                 " primary"
@@ -291,7 +302,6 @@ unsafe fn describe_here(rel: pg_sys::Relation) -> String {
             };
             lines.push(format!("index {}{primary}", text(pg_sys::pg_get_indexdef_string(index))));
         }
-        let triggers = (*rel).trigdesc;
         if !triggers.is_null() && !(*triggers).triggers.is_null() {
             let all = std::slice::from_raw_parts(
                 (*triggers).triggers,

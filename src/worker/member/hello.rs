@@ -41,7 +41,7 @@ impl Proxy {
         let seen = memory.merge(durable).succeeded_by(successor).admit(system_id, epoch);
         let seen = seen.map_err(|e| match e {
             OracleRefused::Other { .. } => format!(
-                "{e}; if pg_upgrade made it of the old oracle, set tsoracle.oracle_successor = '{}' here (docs/operations/fleet/pg-upgrade.md); if it replaced the old oracle on purpose, DELETE FROM tsoracle.member_oracle here and restart",
+                "{e}; replaced on purpose: DELETE FROM tsoracle.member_oracle here, restart; after its pg_upgrade: tsoracle.oracle_successor = '{}'",
                 system_id as i64
             ),
             OracleRefused::Stale(_) => format!("{e}; looking for the new one"),
