@@ -1,6 +1,6 @@
-//! The fleet's runbooks as their pages write them (docs/operations/fleet/*.md), for
-//! tests/tests/fleet_runbooks.rs to run instead of copies of their own: a page and its test
-//! cannot drift.
+//! The runbooks as their pages write them (docs/operations/*.md, the fleet's under
+//! docs/operations/fleet/), for tests/tests/fleet_runbooks.rs (and bluegreen.rs, drops.rs) to
+//! run instead of copies of their own: a page and its test cannot drift.
 //!
 //! A runbook's code block is marked by the HTML comment on the line before its fence
 //! (invisible on the rendered page):
@@ -111,9 +111,26 @@ pub fn parse(page: &str) -> Result<Vec<Block>, String> {
     Ok(blocks)
 }
 
-/// The directory of the fleet's runbook pages.
+/// The directory of the runbook pages: docs/operations (the fleet's are under `fleet/`).
 pub fn pages_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/operations/fleet")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/operations")
+}
+
+/// Every page under [`pages_dir`] and its `fleet/` directory.
+pub fn pages() -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for dir in [pages_dir(), pages_dir().join("fleet")] {
+        let entries =
+            std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("read {}: {e}", dir.display()));
+        for entry in entries {
+            let path = entry.expect("a directory entry").path();
+            if path.extension().is_some_and(|e| e == "md") {
+                out.push(path);
+            }
+        }
+    }
+    out.sort();
+    out
 }
 
 /// One runbook's blocks, read from its page.
@@ -125,7 +142,7 @@ pub struct Runbook {
 }
 
 impl Runbook {
-    /// The runbook `name` of `page` (a file name under [`pages_dir`]).
+    /// The runbook `name` of `page` (a path under [`pages_dir`]: `fleet/join.md`).
     #[track_caller]
     pub fn load(page: &str, name: &str) -> Runbook {
         let path = pages_dir().join(page);
@@ -174,6 +191,16 @@ impl Runbook {
 /// on the PATH and `vars` (`CLUSTER`, `ORACLE`, `OLD`) in its environment; its standard
 /// output, or an error with its standard error.
 pub fn run_sh(block: &Block, bin: &Path, vars: &[(&str, String)]) -> crate::Result<String> {
+    run_sh_in(block, bin, vars, None)
+}
+
+/// [`run_sh`] in the working directory `dir` (for a block that writes a file, such as a dump).
+pub fn run_sh_in(
+    block: &Block,
+    bin: &Path,
+    vars: &[(&str, String)],
+    dir: Option<&Path>,
+) -> crate::Result<String> {
     assert_eq!(block.lang, "sh", "runbook {} step {}: not an sh block", block.runbook, block.step);
     let mut cmd = Command::new("bash");
     cmd.arg("-euo").arg("pipefail").arg("-c").arg(&block.text);
@@ -184,6 +211,9 @@ pub fn run_sh(block: &Block, bin: &Path, vars: &[(&str, String)]) -> crate::Resu
     cmd.env("PATH", std::env::join_paths(paths).expect("PATH"));
     for (k, v) in vars {
         cmd.env(k, v);
+    }
+    if let Some(dir) = dir {
+        cmd.current_dir(dir);
     }
     run_cmd(cmd, Duration::from_secs(120))
 }
@@ -220,6 +250,11 @@ pub const LEAVE_STEPS: &[(u32, &str)] = &[(1, "sh"), (2, "sh"), (3, "sh")];
 pub const PITR_STEPS: &[(u32, &str)] = &[(1, "sh"), (2, "ini"), (3, "sh")];
 pub const SETUP_STEPS: &[(u32, &str)] = &[(1, "sql"), (2, "sh"), (3, "ini")];
 pub const REMOVE_STEPS: &[(u32, &str)] = &[(1, "sh"), (2, "sh"), (3, "sh"), (4, "sh"), (5, "sh")];
+/// The blue/green switchover (logical-replication.md): `tso_handover()` on blue, way (a)'s
+/// `tso_seed()` on green, way (b)'s dump and restore; driven by `tests/tests/bluegreen.rs`.
+pub const SWITCHOVER_STEPS: &[(u32, &str)] = &[(1, "sh"), (2, "sh"), (3, "sh")];
+/// Uninstalling a standalone cluster (uninstalling.md): driven by `tests/tests/drops.rs`.
+pub const UNINSTALL_STEPS: &[(u32, &str)] = &[(1, "sql")];
 /// `pg_upgrade` of the oracle (pg-upgrade.md): driven by `tests/tests/upgrade_fleet.rs` (`make
 /// test-upgrade`, which has both majors), checked against drift with the others.
 pub const PG_UPGRADE_ORACLE_STEPS: &[(u32, &str)] = &[(3, "sh")];
@@ -229,12 +264,14 @@ pub type Steps = &'static [(u32, &'static str)];
 
 /// Every runbook a test runs: (page, runbook, its blocks).
 pub const BOOKS: &[(&str, &str, Steps)] = &[
-    ("join.md", "join", JOIN_STEPS),
-    ("leave.md", "leave", LEAVE_STEPS),
-    ("oracle-pitr.md", "oracle-pitr", PITR_STEPS),
-    ("set-up.md", "set-up", SETUP_STEPS),
-    ("remove-a-member.md", "remove-a-member", REMOVE_STEPS),
-    ("pg-upgrade.md", "pg-upgrade-oracle", PG_UPGRADE_ORACLE_STEPS),
+    ("fleet/join.md", "join", JOIN_STEPS),
+    ("fleet/leave.md", "leave", LEAVE_STEPS),
+    ("fleet/oracle-pitr.md", "oracle-pitr", PITR_STEPS),
+    ("fleet/set-up.md", "set-up", SETUP_STEPS),
+    ("fleet/remove-a-member.md", "remove-a-member", REMOVE_STEPS),
+    ("fleet/pg-upgrade.md", "pg-upgrade-oracle", PG_UPGRADE_ORACLE_STEPS),
+    ("logical-replication.md", "switchover", SWITCHOVER_STEPS),
+    ("uninstalling.md", "uninstall", UNINSTALL_STEPS),
 ];
 
 /// Run a `sql` block as written with `psql -X -v ON_ERROR_STOP=1 -f` on `conninfo`, from the

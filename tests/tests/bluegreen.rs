@@ -8,10 +8,19 @@
 //!   tsoracle's tables): its initial copy merges into the new cluster's own rows instead of
 //!   colliding with them, the counters follow through the worker's MVCC path while the table is
 //!   published, the high-water through the update that follows each raise;
-//! - through the documented procedure, with only the application's tables subscribed:
+//! - through the documented procedure, way (b), with only the application's tables subscribed:
 //!   `tso_handover()` on the old primary, its tables dumped and restored into the new one;
+//! - through the documented procedure, way (a), with the counters and leases subscribed but not
+//!   the high-water (the worst case of a last raise that did not reach green): `tso_handover()`,
+//!   then `tso_seed()` of the value it returned plus one on the new one, which alone carries
+//!   the high-water over;
 //! - through `pg_createsubscriber` (PostgreSQL 17 and later), which turns a physical standby of
 //!   the old cluster into a subscriber: `tso_handover()` then `tso_seed()` on the new one.
+//!
+//! The procedure's steps are the page's own blocks (`<!-- runbook: switchover step=N -->`,
+//! `tsoracle_tests::runbook`), run as written with `$BLUE`, `$GREEN` and `$HANDED_OVER` set,
+//! while the application still calls the old cluster (its calls answer `57P03` once handed
+//! over). A page that drops the "plus one", the seed or the dump fails these tests.
 //!
 //! Run with: `cargo test -p tsoracle-tests --test bluegreen -- --test-threads=2`
 
@@ -23,6 +32,9 @@ use std::time::Duration;
 
 use postgres::{Client, NoTls};
 use tsoracle_tests::backup::{run_as_postgres, PgDir, TOOL_TIMEOUT};
+use tsoracle_tests::runbook::{
+    printed_number, run_sh_in, run_step, Runbook, AHEAD, SWITCHOVER_STEPS,
+};
 use tsoracle_tests::seqlease::sqlstate_of;
 use tsoracle_tests::{pg_error_string, poll_until, serving_node, Node, NodeOpts};
 
@@ -144,6 +156,52 @@ fn wait_caught_up(old: &Node, new: &Node, sub: &str) {
     });
 }
 
+/// The switchover runbook of docs/operations/logical-replication.md, checked to have the blocks
+/// these tests run.
+fn switchover() -> Runbook {
+    let book = Runbook::load("logical-replication.md", "switchover");
+    book.expect_steps(SWITCHOVER_STEPS);
+    book
+}
+
+/// `$BLUE`, `$GREEN` (and `$HANDED_OVER`) of the runbook.
+fn page_vars(blue: &Node, green: &Node, handed: Option<i64>) -> Vec<(&'static str, String)> {
+    let mut v = vec![("BLUE", blue.conninfo()), ("GREEN", green.conninfo())];
+    v.extend(handed.map(|h| ("HANDED_OVER", h.to_string())));
+    v
+}
+
+/// Step 1 of the runbook, as written, on `blue` while `app` still calls it: the value it
+/// printed (`$HANDED_OVER`), and what the application got from blue.
+fn hand_over(book: &Runbook, blue: &Node, green: &Node, app: App) -> (i64, Granted) {
+    let out = run_step(book.step(1), blue, &page_vars(blue, green, None));
+    let handed = printed_number(&out);
+    // Under load: the application's calls go on until they answer 57P03.
+    thread::sleep(Duration::from_millis(500));
+    let on_old = app.stop();
+    let mut o = blue.connect();
+    let e = o.query_one("SELECT tso_next()", &[]).expect_err("a handed-over oracle issues");
+    assert_eq!(sqlstate_of(&e), "57P03", "{}", pg_error_string(&e));
+    let e = o.query_one("SELECT tso_seq('invoice')", &[]).expect_err("a handed-over oracle grants");
+    assert_eq!(sqlstate_of(&e), "57P03", "{}", pg_error_string(&e));
+    assert!(
+        on_old.timestamps.iter().all(|&ts| ts >> 18 <= handed),
+        "a timestamp above the handed-over high-water {handed}"
+    );
+    (handed, on_old)
+}
+
+/// Green's first timestamp is in a millisecond after `handed`, the last one blue may have
+/// issued in (what the runbook's "plus one" and its dump protect).
+fn assert_above_handed(on_new: &Granted, handed: i64) {
+    let first = on_new.timestamps.iter().min().copied().expect("green issued");
+    assert!(
+        first >> 18 > handed,
+        "green issued {first} in millisecond {}, not above {handed}",
+        first >> 18
+    );
+}
+
 /// No block granted twice across both clusters; every timestamp of `new` above `old`'s.
 fn assert_one_order(old: &Granted, new: &Granted) {
     for key in KEYS {
@@ -220,12 +278,16 @@ fn a_switchover_through_a_subscription_continues_every_counter_and_timestamp() {
     assert!(gone >= 50, "the dropped key's blocks [0, 50) granted again from {gone}");
 }
 
-/// The documented procedure with only the application's table subscribed: the application
-/// stops writing, `tso_handover()` on the old primary (it then issues nothing), tsoracle's
-/// tables dumped from it and restored into the new cluster, the application moves.
+/// The documented procedure, way (b), with only the application's table subscribed, blue a
+/// minute ahead of the clock, run from the page: `tso_handover()` on the old primary under the application's load (it then issues
+/// nothing), tsoracle's tables dumped from it and restored into the new cluster, the
+/// application moves.
 #[test]
 fn a_switchover_by_the_documented_procedure_continues_every_counter_and_timestamp() {
+    let book = switchover();
     let old = old_cluster("bg-proc-old");
+    // Blue a minute ahead of the clock: without its high-water dumped, green would go back.
+    exec(&mut old.connect(), &format!("SELECT tso_seed({AHEAD})"));
     let new = serving_node("bg-proc-new", NodeOpts::new());
     let mut n = new.connect();
     exec(&mut n, ORDERS);
@@ -233,35 +295,13 @@ fn a_switchover_by_the_documented_procedure_continues_every_counter_and_timestam
     exec(&mut n, &format!("CREATE SUBSCRIPTION bg CONNECTION '{}' PUBLICATION bg", old.conninfo()));
     let app = App::start(&old);
     thread::sleep(Duration::from_secs(4));
-    let on_old = app.stop();
-    let mut o = old.connect();
-    let handed: i64 = o.query_one("SELECT tso_handover()", &[]).unwrap().get(0);
-    // The old primary issues nothing more.
-    let e = o.query_one("SELECT tso_next()", &[]).expect_err("a handed-over oracle issues");
-    assert_eq!(sqlstate_of(&e), "57P03", "{}", pg_error_string(&e));
-    let e = o.query_one("SELECT tso_seq('invoice')", &[]).expect_err("a handed-over oracle grants");
-    assert_eq!(sqlstate_of(&e), "57P03", "{}", pg_error_string(&e));
-    assert!(
-        on_old.timestamps.iter().all(|&ts| ts >> 18 <= handed),
-        "a timestamp above the handed-over high-water {handed}"
-    );
-    // Its tables, as the guide says: pg_dump --data-only of the three, psql into the new one.
+    let (handed, on_old) = hand_over(&book, &old, &new, app);
+    // Its tables, as the page says (step 3): pg_dump --data-only of the three, psql into the
+    // new one.
     let dir = PgDir::new("bg-proc-dump").expect("dump dir");
-    let file = dir.join("tsoracle.sql");
-    let mut dump = dir.command("pg_dump");
-    dump.args(["-h", "127.0.0.1", "-p"])
-        .arg(old.port().to_string())
-        .args(["-U", "postgres", "-d", "postgres", "--data-only"])
-        .args(["-t", "tsoracle.high_water", "-t", "tsoracle.seq", "-t", "tsoracle.lease", "-f"])
-        .arg(&file);
-    run_as_postgres(dump, TOOL_TIMEOUT).expect("pg_dump of tsoracle's tables");
-    let mut restore = dir.command("psql");
-    restore
-        .args(["-X", "-q", "-v", "ON_ERROR_STOP=1", "-h", "127.0.0.1", "-p"])
-        .arg(new.port().to_string())
-        .args(["-U", "postgres", "-d", "postgres", "-f"])
-        .arg(&file);
-    run_as_postgres(restore, TOOL_TIMEOUT).expect("the restore into the new cluster");
+    let step = book.step(3);
+    run_sh_in(step, old.bin_dir(), &page_vars(&old, &new, Some(handed)), Some(dir.path()))
+        .unwrap_or_else(|e| panic!("runbook step 3 (line {}): {e}\n{}", step.line, step.text));
     wait_caught_up(&old, &new, "bg");
     exec(&mut n, "ALTER SUBSCRIPTION bg DISABLE");
     new.wait_serving().expect("the new cluster serves after the restore's fence");
@@ -271,6 +311,36 @@ fn a_switchover_by_the_documented_procedure_continues_every_counter_and_timestam
     let app = App::start(&new);
     thread::sleep(Duration::from_secs(3));
     let on_new = app.stop();
+    assert_above_handed(&on_new, handed);
+    assert_one_order(&on_old, &on_new);
+}
+
+/// The documented procedure, way (a), run from the page: the counters and leases subscribed,
+/// the high-water not (the worst case of its last raise not reaching green), blue a minute
+/// ahead of the clock; `tso_handover()` under load, then `tso_seed()` of its value plus one on
+/// green, the only thing that carries blue's high-water over.
+#[test]
+fn a_switchover_by_the_documented_seed_continues_every_counter_and_timestamp() {
+    let book = switchover();
+    let old = old_cluster("bg-seed-old");
+    let new = serving_node("bg-seed-new", NodeOpts::new());
+    let mut n = new.connect();
+    exec(&mut n, ORDERS);
+    let mut o = old.connect();
+    exec(&mut o, &format!("SELECT tso_seed({AHEAD})"));
+    exec(&mut o, "CREATE PUBLICATION bg FOR TABLE orders, tsoracle.seq, tsoracle.lease");
+    exec(&mut n, &format!("CREATE SUBSCRIPTION bg CONNECTION '{}' PUBLICATION bg", old.conninfo()));
+    let app = App::start(&old);
+    thread::sleep(Duration::from_secs(4));
+    let (handed, on_old) = hand_over(&book, &old, &new, app);
+    wait_caught_up(&old, &new, "bg");
+    exec(&mut n, "ALTER SUBSCRIPTION bg DISABLE");
+    new.wait_serving().expect("the new cluster serves");
+    run_step(book.step(2), &new, &page_vars(&old, &new, Some(handed)));
+    let app = App::start(&new);
+    thread::sleep(Duration::from_secs(3));
+    let on_new = app.stop();
+    assert_above_handed(&on_new, handed);
     assert_one_order(&on_old, &on_new);
 }
 
@@ -290,6 +360,7 @@ fn a_switchover_through_pg_createsubscriber_continues_every_counter_and_timestam
         eprintln!("pg_createsubscriber comes with PostgreSQL 17; this server is {version}");
         return;
     }
+    let book = switchover();
     let app = App::start(&old);
     thread::sleep(Duration::from_secs(1));
     let mut standby = Node::base_backup_from(&old, "bg-cs-new").expect("pg_basebackup");
@@ -314,15 +385,16 @@ fn a_switchover_through_pg_createsubscriber_continues_every_counter_and_timestam
     standby.start().expect("start the new cluster");
     standby.wait_serving().expect("the new cluster serves");
     thread::sleep(Duration::from_secs(2));
-    let on_old = app.stop();
-    let handed: i64 = old.connect().query_one("SELECT tso_handover()", &[]).unwrap().get(0);
+    let (handed, on_old) = hand_over(&book, &old, &standby, app);
     wait_caught_up(&old, &standby, "bg");
     let mut n = standby.connect();
     exec(&mut n, "ALTER SUBSCRIPTION bg DISABLE");
-    // tso_seed() serves at or above its argument; the old cluster issued in `handed` itself.
-    exec(&mut n, &format!("SELECT tso_seed({handed} + 1)"));
+    // The page's way (a): tso_seed() serves at or above its argument, and the old cluster
+    // issued in `handed` itself: plus one.
+    run_step(book.step(2), &standby, &page_vars(&old, &standby, Some(handed)));
     let app = App::start(&standby);
     thread::sleep(Duration::from_secs(3));
     let on_new = app.stop();
+    assert_above_handed(&on_new, handed);
     assert_one_order(&on_old, &on_new);
 }

@@ -4,15 +4,20 @@
 //! high-water — the extension (plainly, by CASCADE, with the schema that holds it), its table,
 //! its database — is refused with 55006, by a superuser and by the database's owner alike.
 //!
+//! The uninstall of docs/operations/uninstalling.md is run from the page's own block
+//! (`<!-- runbook: uninstall step=1 -->`): it drops the extension as written, and the same
+//! block without its `SET tsoracle.allow_drop = on` is refused.
+//!
 //! Run with: `cargo test -p tsoracle-tests --test drops -- --test-threads=2`
 
 use std::time::Duration;
 
 use postgres::error::SqlState;
 use postgres::{Client, NoTls};
+use tsoracle_tests::runbook::{run_sql, Block, Runbook, UNINSTALL_STEPS};
 use tsoracle_tests::tso::{self, tso_next, tso_seed};
 use tsoracle_tests::{
-    expect_sqlstate, now_ms, pg_error_string, physical, Node, NodeOpts, StopMode,
+    expect_sqlstate, now_ms, pg_error_string, physical, serving_node, Node, NodeOpts, StopMode,
 };
 
 fn ok<T>(r: Result<T, postgres::Error>, what: &str) -> T {
@@ -169,4 +174,45 @@ fn drops_of_a_seeded_oracle_are_refused_and_never_go_back() {
 #[test]
 fn drops_are_refused_and_never_go_back() {
     run("drops-plain", None);
+}
+
+/// How many tsoracle extensions `node`'s database `postgres` has (0 or 1).
+fn installed(node: &Node) -> i64 {
+    let mut c = node.connect();
+    ok(c.query_one("SELECT count(*) FROM pg_extension WHERE extname = 'tsoracle'", &[]), "").get(0)
+}
+
+/// Uninstalling a standalone cluster by the page (docs/operations/uninstalling.md, step 2),
+/// its block run as written with `psql -f`; the block without its `SET` (the step's
+/// dangerous half skipped) is refused by the drop guard and leaves the extension serving.
+#[test]
+fn uninstalling_by_the_page_drops_only_with_its_set() {
+    let book = Runbook::load("uninstalling.md", "uninstall");
+    book.expect_steps(UNINSTALL_STEPS);
+    let step = book.step(1);
+    let node = serving_node("drops-uninstall", NodeOpts::new());
+    let mut c = node.connect();
+    let before = ok(tso_next(&mut c), "tso_next before the uninstall");
+    drop(c);
+    let without_set = Block {
+        text: step
+            .text
+            .lines()
+            .filter(|l| !l.contains("allow_drop"))
+            .map(|l| format!("{l}\n"))
+            .collect(),
+        ..step.clone()
+    };
+    assert_ne!(without_set.text, step.text, "the page's block sets tsoracle.allow_drop");
+    let e = run_sql(&without_set, node.bin_dir(), &node.conninfo(), "")
+        .expect_err("DROP EXTENSION without tsoracle.allow_drop is refused");
+    assert!(e.to_string().contains("cannot drop"), "the drop guard refuses: {e}");
+    assert_eq!(installed(&node), 1, "the refused drop left the extension");
+    let mut c = node.connect();
+    let after = ok(tso_next(&mut c), "tso_next after the refused drop");
+    assert!(after > before, "{after} is not above {before}");
+    drop(c);
+    run_sql(step, node.bin_dir(), &node.conninfo(), "")
+        .unwrap_or_else(|e| panic!("uninstalling.md line {}: {e}\n{}", step.line, step.text));
+    assert_eq!(installed(&node), 0, "the page's block dropped the extension");
 }

@@ -25,7 +25,9 @@
 //!   naming a database without the extension, so that it serves nothing — no timestamp, no
 //!   block — until the old one's high-water and counters are copied in and it restarts; the
 //!   members pointed at it. The fleet goes on above everything it handed out;
-//! - every runbook page parses, and a page whose blocks drift from what its test drives
+//! - every runbook page parses (docs/operations/*.md and fleet/*.md: the switchover of
+//!   logical-replication.md and uninstalling.md are run by bluegreen.rs and drops.rs), and a
+//!   page whose blocks drift from what its test drives
 //!   (a step dropped, renumbered, swapped, or of another language) is refused.
 //!
 //! Run with: `cargo test -p tsoracle-tests --test fleet_runbooks -- --test-threads=2`
@@ -39,8 +41,8 @@ use tsoracle_tests::backup::{
 use tsoracle_tests::fleet::{admit_members, copy_between, member, oracle_conninfo, MEMBER_ROLE};
 use tsoracle_tests::history::check_calls;
 use tsoracle_tests::runbook::{
-    blocks_on, one_i64, pages_dir, parse, printed_number, run_step, settings, timestamps_on, vars,
-    Runbook, AHEAD, BOOKS, JOIN_STEPS, LEAVE_STEPS, PITR_STEPS,
+    blocks_on, one_i64, pages, pages_dir, parse, printed_number, run_step, settings, timestamps_on,
+    vars, Runbook, AHEAD, BOOKS, JOIN_STEPS, LEAVE_STEPS, PITR_STEPS,
 };
 use tsoracle_tests::{
     expect_sqlstate, pg_error_string, poll_until, serving_node, DenseHistory, History, Node,
@@ -55,7 +57,7 @@ const COUNTERS: (&str, &str) = ("SELECT key, next FROM tsoracle.seq", "tsoracle.
 /// under load on itself, on the oracle and on another member.
 #[test]
 fn a_cluster_joins_a_fleet_by_the_runbook_under_load() {
-    let book = Runbook::load("join.md", "join");
+    let book = Runbook::load("fleet/join.md", "join");
     book.expect_steps(JOIN_STEPS);
     let oracle = serving_node("join-oracle", NodeOpts::new());
     admit_members(&oracle);
@@ -188,7 +190,7 @@ fn a_cluster_that_joined_without_the_runbook_hands_out_nothing_of_its_own_again(
 /// A member leaves its fleet by the runbook, under load on itself and on another member.
 #[test]
 fn a_member_leaves_its_fleet_by_the_runbook_under_load() {
-    let book = Runbook::load("leave.md", "leave");
+    let book = Runbook::load("fleet/leave.md", "leave");
     book.expect_steps(LEAVE_STEPS);
     let oracle = serving_node("leave-oracle", NodeOpts::new());
     admit_members(&oracle);
@@ -280,7 +282,7 @@ fn a_member_leaves_its_fleet_by_the_runbook_under_load() {
 /// every block, though the restored WAL lacks the last of them.
 #[test]
 fn the_oracle_restored_to_a_point_in_time_serves_its_fleet_above_everything() {
-    let book = Runbook::load("oracle-pitr.md", "oracle-pitr");
+    let book = Runbook::load("fleet/oracle-pitr.md", "oracle-pitr");
     book.expect_steps(PITR_STEPS);
     let keep_off = settings(book.step(2)).unwrap_or_else(|e| panic!("{e}"));
     assert!(!keep_off.is_empty(), "step 2 sets something");
@@ -394,8 +396,7 @@ fn the_oracle_restored_to_a_point_in_time_serves_its_fleet_above_everything() {
 /// renumbered, a block of another language — is refused before anything runs.
 #[test]
 fn the_runbook_pages_are_what_the_tests_run_and_a_drifted_page_is_refused() {
-    for entry in std::fs::read_dir(pages_dir()).expect("docs/operations/fleet") {
-        let path = entry.unwrap().path();
+    for path in pages() {
         let text = std::fs::read_to_string(&path).unwrap();
         parse(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     }
@@ -418,7 +419,7 @@ fn the_runbook_pages_are_what_the_tests_run_and_a_drifted_page_is_refused() {
                 text.replace(&marker, &format!("<!-- runbook: {name} step={} -->", step + 10)),
                 "renumbered",
             );
-            let fences = ["", "   "].map(|indent| format!("{marker}\n{indent}```{lang}"));
+            let fences = ["", "   ", "     "].map(|indent| format!("{marker}\n{indent}```{lang}"));
             let fence = fences.iter().find(|f| text.contains(f.as_str()));
             let fence = fence.unwrap_or_else(|| panic!("{page}: {marker} is not on its fence"));
             drifted(

@@ -63,7 +63,7 @@ fn at_this_site(page: &str, port: u16, passfile: &str, ca: &str) -> String {
 
 #[test]
 fn a_member_set_up_by_the_runbook_serves_through_its_password_under_load() {
-    let book = Runbook::load("set-up.md", "set-up");
+    let book = Runbook::load("fleet/set-up.md", "set-up");
     book.expect_steps(SETUP_STEPS);
     let mut oracle = serving_node("setup-oracle", NodeOpts::new());
     let ca = TestCa::new("setup-ca").expect("a CA");
@@ -170,7 +170,7 @@ fn listed(oracle: &Node, id: i64) -> bool {
 
 #[test]
 fn a_member_gone_for_good_is_removed_and_readmitted_by_the_runbook_under_load() {
-    let book = Runbook::load("remove-a-member.md", "remove-a-member");
+    let book = Runbook::load("fleet/remove-a-member.md", "remove-a-member");
     book.expect_steps(REMOVE_STEPS);
     let oracle = serving_node("rm-oracle", NodeOpts::new());
     admit_members(&oracle);

@@ -200,7 +200,7 @@ fn check_histories(
 #[test]
 fn pg_upgrade_of_the_oracle_with_members_attached_by_the_runbook() {
     let old_bin = old_bin();
-    let book = Runbook::load("pg-upgrade.md", "pg-upgrade-oracle");
+    let book = Runbook::load("fleet/pg-upgrade.md", "pg-upgrade-oracle");
     book.expect_steps(PG_UPGRADE_ORACLE_STEPS);
 
     let mut oracle = serving_node("upf-oracle", NodeOpts::new().bin(&old_bin));
