@@ -49,24 +49,20 @@ unsafe extern "C-unwind" fn process_utility(
             refuse_unlogged(statement.cast());
         }
     }
-    // SAFETY: PREVIOUS_HOOK is written only in init, before any SQL runs; the hook chain's
-    // contract: the arguments PostgreSQL passed, to the previous hook or the standard function.
+    // SAFETY: PREVIOUS_HOOK is written only in init, before any SQL runs; the arguments
+    // PostgreSQL passed.
     unsafe {
-        match PREVIOUS_HOOK {
-            Some(previous) => {
-                previous(pstmt, query_string, read_only_tree, context, params, query_env, dest, qc)
-            }
-            None => crate::pg::statement::raw_standard_process_utility(
-                pstmt,
-                query_string,
-                read_only_tree,
-                context,
-                params,
-                query_env,
-                dest,
-                qc,
-            ),
-        }
+        crate::pg::statement::next_process_utility(
+            PREVIOUS_HOOK,
+            pstmt,
+            query_string,
+            read_only_tree,
+            context,
+            params,
+            query_env,
+            dest,
+            qc,
+        )
     }
 }
 

@@ -72,7 +72,7 @@ unsafe extern "C-unwind" {
     fn raw_standard_executor_start(query_desc: *mut pg_sys::QueryDesc, eflags: c_int);
     #[link_name = "standard_ProcessUtility"]
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn raw_standard_process_utility(
+    fn raw_standard_process_utility(
         pstmt: *mut pg_sys::PlannedStmt,
         query_string: *const c_char,
         read_only_tree: bool,
@@ -113,9 +113,42 @@ unsafe extern "C-unwind" fn process_utility(
     boundary();
     // SAFETY: as in `executor_start`.
     unsafe {
-        match PREV_PROCESS_UTILITY {
-            Some(prev) => {
-                prev(pstmt, query_string, read_only_tree, context, params, query_env, dest, qc)
+        next_process_utility(
+            PREV_PROCESS_UTILITY,
+            pstmt,
+            query_string,
+            read_only_tree,
+            context,
+            params,
+            query_env,
+            dest,
+            qc,
+        )
+    }
+}
+
+/// Run the rest of the `ProcessUtility_hook` chain: `previous`, the hook installed before the
+/// caller's, or the standard function (the raw symbol, so an error passes through whole).
+///
+/// # Safety
+/// The arguments are those PostgreSQL passed to the calling hook.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn next_process_utility(
+    previous: pg_sys::ProcessUtility_hook_type,
+    pstmt: *mut pg_sys::PlannedStmt,
+    query_string: *const c_char,
+    read_only_tree: bool,
+    context: pg_sys::ProcessUtilityContext::Type,
+    params: pg_sys::ParamListInfo,
+    query_env: *mut pg_sys::QueryEnvironment,
+    dest: *mut pg_sys::DestReceiver,
+    qc: *mut pg_sys::QueryCompletion,
+) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        match previous {
+            Some(previous) => {
+                previous(pstmt, query_string, read_only_tree, context, params, query_env, dest, qc)
             }
             None => raw_standard_process_utility(
                 pstmt,
