@@ -138,11 +138,16 @@ integration-%:
 test-regress-%: deps
 	bin=$$($(call test_pg,$*,--install)) && scripts/test-regress.sh "$$bin"
 
-# pg_upgrade from the oldest to the newest supported major (tests/tests/upgrade.rs).
+# pg_upgrade from the oldest to the newest supported major (tests/tests/upgrade.rs,
+# upgrade_fleet.rs); a fleet upgraded from the previous release (scripts/previous-release,
+# built from its commit by scripts/test-previous.sh) one cluster at a time, on the newest
+# (upgrade_rolling.rs).
 test-upgrade: deps
 	old=$$(CARGO_TARGET_DIR=target/$(UPGRADE_FROM) $(call test_pg,$(UPGRADE_FROM),--install)) && \
 	new=$$($(call test_pg,$(UPGRADE_TO),--install)) && \
-	TSORACLE_UPGRADE_FROM_BIN="$$old" TSORACLE_PG_BIN="$$new" cargo test -p tsoracle-tests --test upgrade --test upgrade_fleet
+	previous=$$(scripts/test-previous.sh $(UPGRADE_TO) $(TEST_PG_ROOT)/pg$(UPGRADE_TO)-previous $(TEST_PGRX_HOME)/pg$(UPGRADE_TO)-previous) && \
+	TSORACLE_UPGRADE_FROM_BIN="$$old" TSORACLE_PREVIOUS_BIN="$$previous" TSORACLE_PG_BIN="$$new" \
+		cargo test -p tsoracle-tests --test upgrade --test upgrade_fleet --test upgrade_rolling
 
 # Installing a different build under load (tests/tests/install.rs), on PG_MAJOR.
 test-install: deps

@@ -18,6 +18,7 @@ pub mod row_page;
 pub mod seq;
 pub mod timestamp;
 pub mod uuid;
+pub mod version;
 pub mod window;
 
 pub use error::CoreError;

@@ -101,6 +101,11 @@ pub enum TsoError {
     #[error("the oracle serves at most {0} members of a fleet (tsoracle.max_members)")]
     TooManyMembers(usize),
 
+    /// On the oracle: a member of a tsoracle version it does not serve (newer, or more than one
+    /// minor version older: `tsoracle_core::version`).
+    #[error("{0}")]
+    VersionSkew(tsoracle_core::version::VersionRefused),
+
     /// On the oracle: a member's session that has not registered (`tsoracle.member_hello()`).
     #[error("{0} is called by a member of the fleet after tsoracle.member_hello() on the same connection")]
     MemberNotRegistered(&'static str),
@@ -121,6 +126,17 @@ pub enum TsoError {
 
     #[error("tsoracle internal error: {0}")]
     Internal(String),
+}
+
+/// The HINT of a member refused for its version: the oracle goes first.
+pub const UPGRADE_ORACLE_FIRST: &str = "Upgrade the oracle before its members: an oracle serves members of its own minor version and of the one before it (docs/operations/fleet/member-upgrade.md).";
+
+/// What to do about a member and an oracle of versions that do not work together.
+fn version_hint(e: &tsoracle_core::version::VersionRefused) -> &'static str {
+    match e {
+        tsoracle_core::version::VersionRefused::TooFarApart { .. } => "Upgrade a fleet one minor version at a time: the oracle first, then each member (docs/operations/fleet/member-upgrade.md).",
+        _ => UPGRADE_ORACLE_FIRST,
+    }
 }
 
 /// PostgreSQL's packing of a five-character SQLSTATE (`MAKE_SQLSTATE`).
@@ -158,6 +174,7 @@ impl TsoError {
             TsoError::Oracle { sqlstate, .. } => PgSqlErrorCode::from(packed_sqlstate(sqlstate)),
             TsoError::NotOnAMember(_) => ERRCODE_FEATURE_NOT_SUPPORTED,
             TsoError::TooManyMembers(_) => ERRCODE_CONFIGURATION_LIMIT_EXCEEDED,
+            TsoError::VersionSkew(_) => ERRCODE_FEATURE_NOT_SUPPORTED,
             TsoError::MemberNotRegistered(_) => ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
             TsoError::MemberConnected { .. } | TsoError::MemberInUse { .. } => {
                 ERRCODE_OBJECT_IN_USE
@@ -230,6 +247,7 @@ impl TsoError {
                 "On the oracle: raise tsoracle.max_members (a restart; each member also takes a connection, see max_connections). A removed member keeps its place until it is re-admitted. For each member gone for good (SELECT system_id, reported_at FROM tso_fleet_status()): SELECT tso_fleet_remove(system_id), then SELECT tso_fleet_admit(system_id) to free its place. Members removed earlier still hold theirs: SELECT system_id FROM tsoracle.fleet_member WHERE removed_at IS NOT NULL."
                     .into(),
             ),
+            TsoError::VersionSkew(e) => Some(version_hint(e).into()),
             TsoError::MemberNotRegistered(_) => Some(
                 "A member's worker says hello first on every connection; these functions are not meant to be called by hand."
                     .into(),

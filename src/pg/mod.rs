@@ -55,9 +55,3 @@ pub fn system_identifier() -> u64 {
     // SAFETY: a read of the control file's copy in shared memory, valid in any backend.
     unsafe { pgrx::pg_sys::GetSystemIdentifier() }
 }
-
-/// Whether a member and an oracle of these library versions work together: the same minor.
-pub fn compatible_versions(a: &str, b: &str) -> bool {
-    let minor = |v: &str| v.split('.').take(2).collect::<Vec<_>>().join(".");
-    minor(a) == minor(b)
-}

@@ -9,6 +9,7 @@ use crate::shmem::member::MEMBER;
 use crate::shmem::ORACLE;
 use pgrx::prelude::*;
 use tsoracle_core::timestamp;
+use tsoracle_core::version::{oracle_speaks, Version};
 
 fn refuse_on_a_member() -> Result<(), TsoError> {
     if guc::is_member() {
@@ -33,16 +34,21 @@ fn hello(
             "the member and the oracle are the same cluster (system identifier {own}): tsoracle.oracle must name another cluster"
         )));
     }
-    if !crate::pg::compatible_versions(member_version, crate::pg::EXTENSION_VERSION) {
-        return Err(TsoError::InvalidArgument(format!(
-            "the member's tsoracle {member_version} cannot be served by this oracle's {}: install the same minor version on both",
-            crate::pg::EXTENSION_VERSION
-        )));
-    }
+    let own_version =
+        Version::parse(crate::pg::EXTENSION_VERSION).map_err(TsoError::VersionSkew)?;
+    let spoken = Version::parse(member_version)
+        .and_then(|member| oracle_speaks(own_version, member))
+        .map_err(TsoError::VersionSkew)?;
     // Registered (or found again) before it is served anything: R_f waits for it from now on.
     fleet::register(member_system_id as u64, member_resolved.max(0) as u64)?;
     let epoch = ORACLE.share().allocator.epoch().unwrap_or(0);
-    Ok((own as i64, crate::pg::EXTENSION_VERSION.to_string(), epoch as i64))
+    if spoken != own_version.protocol() {
+        pgrx::log!(
+            "tsoracle: member {member_system_id} runs tsoracle {member_version}: served at version {spoken} of the protocol"
+        );
+    }
+    // The version this oracle speaks to the member: the member checks it is its own.
+    Ok((own as i64, spoken.to_string(), epoch as i64))
 }
 
 fn next(count: i32) -> Result<(i64, i64), TsoError> {

@@ -33,6 +33,7 @@ pub mod decoding;
 pub mod error;
 pub mod exporter;
 pub mod fleet;
+pub mod fleet_load;
 pub mod history;
 pub mod load;
 pub mod node;

@@ -258,6 +258,9 @@ pub const UNINSTALL_STEPS: &[(u32, &str)] = &[(1, "sql")];
 /// `pg_upgrade` of the oracle (pg-upgrade.md): driven by `tests/tests/upgrade_fleet.rs` (`make
 /// test-upgrade`, which has both majors), checked against drift with the others.
 pub const PG_UPGRADE_ORACLE_STEPS: &[(u32, &str)] = &[(3, "sh")];
+/// A minor upgrade of a fleet, one cluster at a time (member-upgrade.md): driven by
+/// `tests/tests/upgrade_rolling.rs` (`make test-upgrade`, which builds the previous release).
+pub const MINOR_UPGRADE_STEPS: &[(u32, &str)] = &[(3, "sh")];
 
 /// A runbook's blocks: (step, language), in page order.
 pub type Steps = &'static [(u32, &'static str)];
@@ -270,6 +273,7 @@ pub const BOOKS: &[(&str, &str, Steps)] = &[
     ("fleet/set-up.md", "set-up", SETUP_STEPS),
     ("fleet/remove-a-member.md", "remove-a-member", REMOVE_STEPS),
     ("fleet/pg-upgrade.md", "pg-upgrade-oracle", PG_UPGRADE_ORACLE_STEPS),
+    ("fleet/member-upgrade.md", "minor-upgrade", MINOR_UPGRADE_STEPS),
     ("logical-replication.md", "switchover", SWITCHOVER_STEPS),
     ("uninstalling.md", "uninstall", UNINSTALL_STEPS),
 ];

@@ -17,7 +17,7 @@
 //!   its WAL under a timestamp and sequence load, a base backup taken before the load, restored
 //!   with `restore_command` to a `recovery_target_time` (promote) or to the end of the archive.
 //! * **Extension upgrade** ([`alter_extension_update_from_0_1_0_under_load_keeps_every_guarantee`],
-//!   [`alter_extension_update_from_0_3_0_under_load_keeps_every_guarantee`]): `CREATE
+//!   [`alter_extension_update_from_0_5_0_under_load_keeps_every_guarantee`]): `CREATE
 //!   EXTENSION tsoracle VERSION '<released version>'` under the current library, state in its
 //!   tables, a synchronous standby, 16 sessions calling `tso_next()`/`tso_next_batch()`, then
 //!   `ALTER EXTENSION tsoracle UPDATE`, which walks the upgrade chain to the current version.
@@ -657,7 +657,7 @@ fn pitr_to_the_end_of_the_archive_serves_above_everything_issued() {
 // ============================================================================ 3: upgrade
 
 /// The version of the installed build (Cargo.toml of the extension).
-const CURRENT_VERSION: &str = "0.5.0";
+const CURRENT_VERSION: &str = "0.6.0";
 
 /// `CREATE EXTENSION tsoracle VERSION '<from>'` under the current library (default version
 /// [`CURRENT_VERSION`]), which refuses the older schema (`outdated_schema`, 57P03); state put
@@ -675,8 +675,8 @@ fn alter_extension_update_from_0_1_0_under_load_keeps_every_guarantee() {
 
 /// The same from the previous release: the last step of the chain on its own.
 #[test]
-fn alter_extension_update_from_0_3_0_under_load_keeps_every_guarantee() {
-    update_under_load("0.3.0");
+fn alter_extension_update_from_0_5_0_under_load_keeps_every_guarantee() {
+    update_under_load("0.5.0");
 }
 
 fn update_under_load(from: &str) {

@@ -13,23 +13,20 @@
 //! The two installations come from `TSORACLE_UPGRADE_FROM_BIN` (the old major) and
 //! `TSORACLE_PG_BIN` (the new one), as for `tests/tests/upgrade.rs`: `make test-upgrade`.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use postgres::Client;
 use tsoracle_tests::fleet::{admit_members, member, member_opts, oracle_conninfo, MEMBER_ROLE};
-use tsoracle_tests::load::{SeqLoad, SeqLoadOptions};
+use tsoracle_tests::fleet_load::{
+    check_histories, fleet_resolved, load_members, members_listed, system_identifier,
+    wait_resolved_above, ResolvedWatch,
+};
 use tsoracle_tests::node::pg_bin_dir;
 use tsoracle_tests::runbook::{run_sh, Runbook, PG_UPGRADE_ORACLE_STEPS};
 use tsoracle_tests::{
-    ops, pg_error_string, poll_until, serving_node, tso, DenseHistory, Endpoint, History, Load,
-    LoadOptions, Node, NodeOpts, StopMode,
+    pg_error_string, serving_node, tso, DenseHistory, History, Node, NodeOpts, StopMode,
 };
-
-const KEYS: [&str; 2] = ["invoice", "order"];
 
 fn old_bin() -> PathBuf {
     assert!(
@@ -61,140 +58,6 @@ fn upgrade(node: &mut Node, name: &str) -> Node {
     new.take_port(node.port()).expect("the old cluster's address");
     new.start().expect("start the upgraded cluster");
     new
-}
-
-fn system_identifier(c: &mut Client) -> i64 {
-    c.query_one("SELECT system_identifier FROM pg_control_system()", &[])
-        .unwrap_or_else(|e| panic!("pg_control_system(): {}", pg_error_string(&e)))
-        .get(0)
-}
-
-/// `R_f` on the oracle; `None` while it has none to publish (`57P03`: an upgraded oracle
-/// before its members report again), never a lower one.
-fn fleet_resolved(c: &mut Client) -> Option<i64> {
-    match c.query_one("SELECT tso_fleet_resolved()", &[]) {
-        Ok(row) => Some(row.get(0)),
-        Err(e) if e.code().map(|s| s.code()) == Some("57P03") => None,
-        Err(e) => panic!("tso_fleet_resolved(): {}", pg_error_string(&e)),
-    }
-}
-
-/// The identities the oracle lists as members.
-fn members_listed(c: &mut Client) -> BTreeSet<i64> {
-    c.query("SELECT system_id FROM tso_fleet_status()", &[])
-        .unwrap_or_else(|e| panic!("tso_fleet_status(): {}", pg_error_string(&e)))
-        .iter()
-        .map(|r| r.get(0))
-        .collect()
-}
-
-/// `R_f` read every 100 ms at `conninfo` (the oracle's address, the upgraded oracle's too)
-/// until stopped: every value read, in order.
-struct ResolvedWatch {
-    stop: Arc<AtomicBool>,
-    thread: std::thread::JoinHandle<Vec<i64>>,
-}
-
-impl ResolvedWatch {
-    fn start(conninfo: String) -> ResolvedWatch {
-        let stop = Arc::new(AtomicBool::new(false));
-        let stopped = stop.clone();
-        let thread = std::thread::spawn(move || {
-            let mut seen = Vec::new();
-            let mut client = None;
-            while !stopped.load(Ordering::SeqCst) {
-                if client.is_none() {
-                    client = postgres::Client::connect(&conninfo, postgres::NoTls).ok();
-                }
-                if let Some(c) = client.as_mut() {
-                    match c.query_one("SELECT tso_fleet_resolved()", &[]) {
-                        Ok(row) => seen.push(row.get::<_, i64>(0)),
-                        Err(e) if e.is_closed() || e.code().is_none() => client = None,
-                        Err(_) => {}
-                    }
-                }
-                std::thread::sleep(Duration::from_millis(100));
-            }
-            seen
-        });
-        ResolvedWatch { stop, thread }
-    }
-
-    /// Stop; `R_f` never went down, and was read at least `min` times.
-    fn check(self, min: usize) {
-        self.stop.store(true, Ordering::SeqCst);
-        let seen = self.thread.join().expect("the R_f watch");
-        assert!(seen.len() >= min, "R_f read {} times", seen.len());
-        for w in seen.windows(2) {
-            assert!(w[1] >= w[0], "R_f went down from {} to {}", w[0], w[1]);
-        }
-        eprintln!("R_f read {} times, never lower", seen.len());
-    }
-}
-
-/// `R_f` on `oracle` rises above `above` (every member's entry moves on).
-fn wait_resolved_above(oracle: &Node, above: i64, what: &str) -> i64 {
-    poll_until(what, Duration::from_secs(60), || {
-        fleet_resolved(&mut oracle.connect()).filter(|&r| r > above)
-    })
-}
-
-/// Timestamps and blocks on each member, into `history` and `dense`.
-fn load_members(
-    members: &[&Node],
-    history: &History,
-    dense: &DenseHistory,
-) -> (Vec<Load>, Vec<SeqLoad>) {
-    let run = Duration::from_secs(500);
-    let mut loads = Vec::new();
-    let mut seqs = Vec::new();
-    for m in members {
-        m.connect()
-            .batch_execute("CREATE ROLE app LOGIN; GRANT tsoracle_seq_user TO app")
-            .expect("app role");
-        let endpoint = Endpoint::fixed(m.name(), &m.conninfo());
-        loads.push(Load::start(
-            vec![endpoint],
-            LoadOptions::new(4, run),
-            ops::mixed(20),
-            history.clone(),
-        ));
-        seqs.push(SeqLoad::start(
-            Endpoint::fixed(m.name(), &m.conninfo_for("app", "postgres")),
-            SeqLoadOptions::new(2, run, &KEYS),
-            dense.clone(),
-        ));
-    }
-    (loads, seqs)
-}
-
-/// Stop the loads; every history unique and in order, every block below the oracle's counters.
-fn check_histories(
-    loads: Vec<Load>,
-    seqs: Vec<SeqLoad>,
-    history: &History,
-    dense: &DenseHistory,
-    oracle: &Node,
-) {
-    for l in loads {
-        l.stop_and_join();
-    }
-    for s in seqs {
-        s.stop_and_join();
-    }
-    history.assert_valid();
-    let mut c = oracle.connect();
-    let totals: BTreeMap<String, i64> = KEYS
-        .iter()
-        .map(|k| {
-            let v: Option<i64> = c.query_one("SELECT tso_seq_peek($1)", &[k]).unwrap().get(0);
-            (k.to_string(), v.unwrap_or(0))
-        })
-        .collect();
-    let blocks = dense.check(Some(&totals)).unwrap_or_else(|v| panic!("blocks: {v}"));
-    for key in KEYS {
-        assert!(blocks.keys[key].ok_calls > 0, "{key}: no block granted");
-    }
 }
 
 #[test]

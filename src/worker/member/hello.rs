@@ -6,6 +6,7 @@
 use super::{set_phase, Link, Proxy, Text, MEMBER};
 use crate::shmem::Phase;
 use tsoracle_core::member::{EpochGate, OracleRefused, OracleSeen};
+use tsoracle_core::version::{member_accepts, Version};
 
 impl Proxy {
     pub(super) fn hello(
@@ -19,12 +20,11 @@ impl Proxy {
         let row = rows.first().ok_or("the oracle's hello returned no row")?;
         let field = |i: usize| row.get(i).cloned().flatten().unwrap_or_default();
         let version = field(1);
-        if !crate::pg::compatible_versions(&version, crate::pg::EXTENSION_VERSION) {
-            return Err(format!(
-                "the oracle runs tsoracle {version}, this member {}: install the same minor version on both",
-                crate::pg::EXTENSION_VERSION
-            ));
-        }
+        // The version the oracle speaks to this member: its own minor version, or refused.
+        let own = Version::parse(crate::pg::EXTENSION_VERSION).map_err(|e| e.to_string())?;
+        member_accepts(own, &version).map_err(|e| {
+            format!("{e}: install the same minor version on both, or upgrade the oracle first")
+        })?;
         let epoch = field(2).parse::<u64>().map_err(|_| "the oracle's hello has no epoch")?;
         let system_id =
             field(0).parse::<i64>().map_err(|_| "the oracle's hello has no system identifier")?

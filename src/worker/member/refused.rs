@@ -1,5 +1,7 @@
 //! A hello the oracle refuses for a reason that retrying does not change (issue 55): the
-//! fleet is full (`53400`, `tsoracle.max_members`). The member's callers are told at once,
+//! fleet is full (`53400`, `tsoracle.max_members`), or the two run tsoracle versions that do
+//! not work together (`0A000` from an oracle of 0.6 on, `22023` from one of 0.5: the member
+//! was upgraded before its oracle, or they are two minor versions apart). The member's callers are told at once,
 //! with the oracle's SQLSTATE, message and HINT, instead of waiting for an oracle that will
 //! not serve them until `tsoracle.extension_timeout_ms` and hearing a bare `57P03`. The
 //! worker goes on saying hello (with its back-off): once a place is free it serves again.
@@ -14,13 +16,20 @@ use crate::shmem::{Reply, ReplyCode};
 use tsoracle_core::queue::{EntryState, Ticket};
 
 /// The SQLSTATEs of a refused hello handed on to the callers as they came.
-const HANDED_ON: [&str; 1] = ["53400"];
+const HANDED_ON: [&str; 3] = ["53400", "0A000", "22023"];
 
 impl Proxy {
     /// The oracle answered a hello with `e`: kept if it is to be handed on, forgotten
     /// otherwise.
     pub(super) fn hello_refused(&mut self, e: &RemoteError) {
-        self.refused = HANDED_ON.contains(&e.sqlstate.as_str()).then(|| e.clone());
+        self.refused = HANDED_ON.contains(&e.sqlstate.as_str()).then(|| {
+            let mut e = e.clone();
+            // An oracle of 0.5 says only "install the same minor version on both".
+            if e.hint.is_none() && e.message.contains("minor version") {
+                e.hint = Some(crate::pg::error::UPGRADE_ORACLE_FIRST.into());
+            }
+            e
+        });
     }
 
     /// While the last hello was refused so and no connection serves: every call waiting here

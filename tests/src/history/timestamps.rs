@@ -182,6 +182,15 @@ impl History {
         gap
     }
 
+    /// Successful calls on `node` entirely inside `[from, to]`.
+    pub fn ok_calls_on_within(&self, node: &str, from: Instant, to: Instant) -> usize {
+        self.with_calls(|c| {
+            c.iter()
+                .filter(|c| c.is_ok() && c.node == node && c.start >= from && c.end <= to)
+                .count()
+        })
+    }
+
     /// Successful calls entirely inside `[from, to]`.
     pub fn ok_calls_within(&self, from: Instant, to: Instant) -> usize {
         self.with_calls(|c| {

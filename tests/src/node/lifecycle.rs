@@ -118,6 +118,16 @@ impl Node {
         self.write_conf()
     }
 
+    /// Run the binaries in `bin` from the next start: a new package of the extension (or of
+    /// PostgreSQL's minor release) installed while the server was down.
+    pub fn set_bin(&mut self, bin: impl Into<PathBuf>) -> Result<()> {
+        if self.is_running() {
+            return Err(HarnessError::Other(format!("node {}: running", self.name)));
+        }
+        self.bin = bin.into();
+        Ok(())
+    }
+
     /// Start the server and wait until it accepts connections (or is a hot standby that does).
     pub fn start(&mut self) -> Result<()> {
         if self.is_running() {

@@ -1,0 +1,4 @@
+-- tsoracle 0.5.0 -> 0.6.0: no change to the SQL objects or the tables. The 0.6.0 library
+-- serves a database only once its extension is at 0.6.0 (tso_status().state =
+-- 'outdated_schema' until then), so this step is still run after the restart:
+-- ALTER EXTENSION tsoracle UPDATE.
