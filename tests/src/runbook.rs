@@ -1,6 +1,7 @@
 //! The runbooks as their pages write them (docs/operations/*.md, the fleet's under
-//! docs/operations/fleet/), for tests/tests/fleet_runbooks.rs (and bluegreen.rs, drops.rs) to
-//! run instead of copies of their own: a page and its test cannot drift.
+//! docs/operations/fleet/), for tests/tests/fleet_runbooks.rs (and bluegreen.rs, drops.rs,
+//! replication.rs, relay.rs) to run instead of copies of their own: a page and its test cannot
+//! drift.
 //!
 //! A runbook's code block is marked by the HTML comment on the line before its fence
 //! (invisible on the rendered page):
@@ -19,7 +20,12 @@
 //! `bash -euo pipefail` ([`run_sh`]) and the variables `$CLUSTER`, `$ORACLE`, `$OLD`, `$MEMBER` (and a page's own,
 //! such as `$MEMBER_ID`) in their environment, set by the test; `sql` blocks run with `psql -f`
 //! ([`run_sql`]); `ini` blocks are `name = 'value'`
-//! settings for a cluster's configuration file ([`settings`]).
+//! settings for a cluster's configuration file ([`settings`]); an `sh` block of `NAME="value"`
+//! lines may be an environment file instead ([`environment`]).
+//!
+//! A test shows that a runbook's own checks catch a mistake by running a mutant of a dangerous
+//! step ([`Block::mutated`], [`Block::without_lines`]: they panic when the page no longer has
+//! what they change, so a rewritten page cannot turn the check into a no-op).
 
 use crate::load::{SeqLoad, SeqLoadOptions};
 use crate::node::{run_cmd, scrub_env};
@@ -201,6 +207,29 @@ pub fn run_sh_in(
     vars: &[(&str, String)],
     dir: Option<&Path>,
 ) -> crate::Result<String> {
+    let mut cmd = sh_command(block, bin, vars);
+    if let Some(dir) = dir {
+        cmd.current_dir(dir);
+    }
+    run_cmd(cmd, Duration::from_secs(120))
+}
+
+/// [`run_sh`] as the operating-system user the servers run as (`postgres`), in `node`'s
+/// directory (its `HOME` too), as a page says to run a command that writes a data directory
+/// (`pg_basebackup`).
+pub fn run_sh_as_server(
+    block: &Block,
+    node: &Node,
+    vars: &[(&str, String)],
+) -> crate::Result<String> {
+    use std::os::unix::process::CommandExt;
+    let (uid, gid) = crate::node::pg_user()?;
+    let mut cmd = sh_command(block, node.bin_dir(), vars);
+    cmd.uid(uid).gid(gid).current_dir(node.basedir()).env("HOME", node.basedir());
+    run_cmd(cmd, Duration::from_secs(120))
+}
+
+fn sh_command(block: &Block, bin: &Path, vars: &[(&str, String)]) -> Command {
     assert_eq!(block.lang, "sh", "runbook {} step {}: not an sh block", block.runbook, block.step);
     let mut cmd = Command::new("bash");
     cmd.arg("-euo").arg("pipefail").arg("-c").arg(&block.text);
@@ -212,10 +241,60 @@ pub fn run_sh_in(
     for (k, v) in vars {
         cmd.env(k, v);
     }
-    if let Some(dir) = dir {
-        cmd.current_dir(dir);
+    cmd
+}
+
+impl Block {
+    /// The block with `from` replaced by `to`: a mutation of the page's step, for a test that
+    /// shows the runbook's own checks catch it. Panics unless `from` is in the block (a page
+    /// rewritten so that the mutation no longer applies fails the test, not silently passes).
+    #[track_caller]
+    pub fn mutated(&self, from: &str, to: &str) -> Block {
+        assert!(
+            self.text.contains(from),
+            "runbook {} step {}: {from:?} is not in the block:\n{}",
+            self.runbook,
+            self.step,
+            self.text
+        );
+        Block { text: self.text.replace(from, to), ..self.clone() }
     }
-    run_cmd(cmd, Duration::from_secs(120))
+
+    /// The block without its lines that contain `needle` (at least one, and not all of them).
+    #[track_caller]
+    pub fn without_lines(&self, needle: &str) -> Block {
+        let lines: Vec<&str> = self.text.lines().collect();
+        let kept: Vec<&str> = lines.iter().copied().filter(|l| !l.contains(needle)).collect();
+        assert!(
+            kept.len() < lines.len() && !kept.is_empty(),
+            "runbook {} step {}: no line (or every line) has {needle:?}:\n{}",
+            self.runbook,
+            self.step,
+            self.text
+        );
+        let text = kept.iter().map(|l| format!("{l}\n")).collect();
+        Block { text, ..self.clone() }
+    }
+}
+
+/// The variables of an environment file (systemd's `EnvironmentFile=`): `NAME=value` lines,
+/// a value in double quotes unquoted; comments and blank lines skipped.
+pub fn environment(block: &Block) -> Result<Vec<(String, String)>, String> {
+    let mut out = Vec::new();
+    for line in block.text.lines().map(str::trim) {
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let Some((k, v)) = line.split_once('=') else {
+            return Err(format!(
+                "runbook {} step {}: not a variable: {line:?}",
+                block.runbook, block.step
+            ));
+        };
+        let v = v.strip_prefix('"').and_then(|v| v.strip_suffix('"')).unwrap_or(v);
+        out.push((k.to_string(), v.to_string()));
+    }
+    Ok(out)
 }
 
 /// The settings of an `ini` block: `name = value` lines (a quoted value unquoted), comments
@@ -261,6 +340,12 @@ pub const PG_UPGRADE_ORACLE_STEPS: &[(u32, &str)] = &[(3, "sh")];
 /// A minor upgrade of a fleet, one cluster at a time (member-upgrade.md): driven by
 /// `tests/tests/upgrade_rolling.rs` (`make test-upgrade`, which builds the previous release).
 pub const MINOR_UPGRADE_STEPS: &[(u32, &str)] = &[(3, "sh")];
+/// A standby made, made synchronous and promoted (replication.md's worked example): driven by
+/// `tests/tests/replication.rs`.
+pub const FAILOVER_STEPS: &[(u32, &str)] = &[(1, "sh"), (2, "sh"), (3, "sh"), (4, "sh")];
+/// The relay's configuration file (relay.md, "The service"): its variables run the relay in
+/// `tests/tests/relay.rs`.
+pub const RELAY_STEPS: &[(u32, &str)] = &[(1, "sh")];
 
 /// A runbook's blocks: (step, language), in page order.
 pub type Steps = &'static [(u32, &'static str)];
@@ -276,6 +361,8 @@ pub const BOOKS: &[(&str, &str, Steps)] = &[
     ("fleet/member-upgrade.md", "minor-upgrade", MINOR_UPGRADE_STEPS),
     ("logical-replication.md", "switchover", SWITCHOVER_STEPS),
     ("uninstalling.md", "uninstall", UNINSTALL_STEPS),
+    ("replication.md", "failover", FAILOVER_STEPS),
+    ("relay.md", "relay", RELAY_STEPS),
 ];
 
 /// Run a `sql` block as written with `psql -X -v ON_ERROR_STOP=1 -f` on `conninfo`, from the
@@ -420,6 +507,40 @@ mod tests {
         assert!(r(&swapped).check_steps(&want).is_err());
         let relanguaged = PAGE.replace("```ini", "```conf");
         assert!(r(&relanguaged).check_steps(&want).is_err());
+    }
+
+    #[test]
+    fn every_book_has_on_its_page_the_blocks_its_test_drives() {
+        for &(page, name, want) in BOOKS {
+            Runbook::load(page, name).check_steps(want).unwrap_or_else(|e| panic!("{e}"));
+        }
+    }
+
+    #[test]
+    fn mutants_change_what_they_name_or_panic() {
+        let blocks = parse(PAGE).unwrap();
+        let m = blocks[0].mutated("SELECT 1", "SELECT 0");
+        assert_eq!(m.text, "psql \"$CLUSTER\" -c 'SELECT 0'\n  | cat\n");
+        assert_eq!((m.runbook.as_str(), m.step, m.line), ("demo", 1, 5));
+        assert_eq!(blocks[0].without_lines("| cat").text, "psql \"$CLUSTER\" -c 'SELECT 1'\n");
+        let b = blocks[0].clone();
+        assert!(std::panic::catch_unwind(|| b.mutated("SELECT 2", "x")).is_err(), "absent");
+        let b = blocks[0].clone();
+        assert!(std::panic::catch_unwind(|| b.without_lines("nowhere")).is_err(), "no line");
+        let b = blocks[0].clone();
+        assert!(std::panic::catch_unwind(|| b.without_lines("")).is_err(), "every line");
+    }
+
+    #[test]
+    fn an_environment_file_is_read_as_systemd_reads_it() {
+        let page = "<!-- runbook: env step=1 -->\n```sh\n# a comment\nA=\"x=1 y=2;b=z\"\n\nB=127.0.0.1:9\n```\n";
+        let r = Runbook::from_text(page, "env", "page.md".into());
+        assert_eq!(
+            environment(r.step(1)).unwrap(),
+            vec![("A".into(), "x=1 y=2;b=z".into()), ("B".into(), "127.0.0.1:9".into())]
+        );
+        let bad = r.step(1).mutated("B=127.0.0.1:9", "psql -c x");
+        assert!(environment(&bad).is_err());
     }
 
     #[test]

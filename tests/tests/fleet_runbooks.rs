@@ -26,7 +26,8 @@
 //!   block — until the old one's high-water and counters are copied in and it restarts; the
 //!   members pointed at it. The fleet goes on above everything it handed out;
 //! - every runbook page parses (docs/operations/*.md and fleet/*.md: the switchover of
-//!   logical-replication.md and uninstalling.md are run by bluegreen.rs and drops.rs), and a
+//!   logical-replication.md, uninstalling.md, replication.md's failover and relay.md's
+//!   configuration file are run by bluegreen.rs, drops.rs, replication.rs and relay.rs), and a
 //!   page whose blocks drift from what its test drives
 //!   (a step dropped, renumbered, swapped, or of another language) is refused.
 //!

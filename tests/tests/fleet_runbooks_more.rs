@@ -16,7 +16,9 @@
 //!
 //! A mutation of a dangerous step on the page (the grant or the password dropped, the
 //! passfile readable by others, TLS off, the identity read as the system identifier, the
-//! removal or the re-admission skipped) fails these tests.
+//! removal or the re-admission skipped) fails these tests. The passfile's is checked by the
+//! set-up test itself: a mutant of step 2 (`-m 644`) leaves a passfile that the page's
+//! `tsoracle.oracle` cannot connect through.
 //!
 //! Run with: `cargo test -p tsoracle-tests --test fleet_runbooks_more -- --test-threads=2`
 
@@ -104,10 +106,33 @@ fn a_member_set_up_by_the_runbook_serves_through_its_password_under_load() {
         &m,
         &[("PASSFILE", passfile.clone()), ("PASSWORD", PASSWORD.to_string())],
     );
-    // 3. The settings in postgresql.conf (the harness's file), then a start and CREATE
-    //    EXTENSION.
     let page = settings(book.step(3)).unwrap_or_else(|e| panic!("{e}"));
     let root = ca.root_cert().display().to_string();
+    // The page's tsoracle.oracle, as the member's worker will connect with it, reaches the
+    // oracle through this passfile; a mutant of step 2 that leaves the passfile readable by
+    // others is refused (libpq ignores such a file: no password).
+    let oracle_setting = &page.iter().find(|(k, _)| k == "tsoracle.oracle").expect("step 3").1;
+    let connect = |passfile: &str| {
+        let conninfo = at_this_site(oracle_setting, oracle.port(), passfile, &root);
+        let mut psql = std::process::Command::new(m.bin_dir().join("psql"));
+        psql.args(["-XAtc", "SELECT current_user", &conninfo])
+            .env_remove("PGPASSWORD")
+            .env("HOME", m.basedir());
+        psql.output().expect("run psql")
+    };
+    let ok = connect(&passfile);
+    assert!(ok.status.success(), "through the page's passfile: {ok:?}");
+    let open = m.basedir().join("open.pgpass").display().to_string();
+    let mutant = book.step(2).mutated("-m 600", "-m 644");
+    run_step(&mutant, &m, &[("PASSFILE", open.clone()), ("PASSWORD", PASSWORD.to_string())]);
+    let refused = connect(&open);
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success() && err.contains("no password supplied"),
+        "a passfile readable by others is not used: {err}"
+    );
+    // 3. The settings in postgresql.conf (the harness's file), then a start and CREATE
+    //    EXTENSION.
     for (name, value) in &page {
         let value = if name == "tsoracle.oracle" {
             at_this_site(value, oracle.port(), &passfile, &root)

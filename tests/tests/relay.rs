@@ -1,11 +1,16 @@
 //! `tsoracle-relay` as users run it (docs/operations/relay.md):
 //!
-//! - through TLS: an oracle and a member serve TLS with the suite's throw-away CA and admit
-//!   the relay's role over TLS only; the relay with `sslmode=verify-full` emits every committed
-//!   row of both exactly once, in timestamp order, and none that rolled back, over connections
-//!   the servers list as TLS ones. A CA that did not sign the server's certificate, a host name
-//!   the certificate does not name, and no TLS at all are each refused at the start with exit
-//!   code 3 and one line saying why;
+//! - through TLS, configured by the page's own configuration file (relay.md, "The service": the
+//!   block marked `<!-- runbook: relay step=1 -->`, which is also the variables of
+//!   contrib/systemd/relay.conf), as written but for the hosts, ports, CA and database: an
+//!   oracle and a member serve TLS with the suite's throw-away CA and admit the relay's role
+//!   over TLS only; the member is the page's `orders`, a standby of it first among its hosts,
+//!   the oracle its `billing`; the relay emits every committed row of both exactly once, in
+//!   timestamp order, and none that rolled back, over connections the servers list as TLS
+//!   ones. The page's file without `target_session_attrs=read-write` reaches the standby and is
+//!   refused at the start (exit code 3); so is it with another CA. A CA that did not sign the
+//!   server's certificate, a host name the certificate does not name, and no TLS at all are each
+//!   refused at the start with exit code 3 and one line saying why;
 //! - its metrics, read during that run: the rows emitted per cluster never exceed the output
 //!   file's and match it once the relay is idle; the cursor; the lag of `R_f` behind the
 //!   oracle's newest value, which grows past a second while an idle transaction on the member
@@ -36,15 +41,18 @@ use tsoracle_tests::fleet::{
     admit_members, member, oracle_conninfo, relay_binary, relay_output, MEMBER_ROLE,
 };
 use tsoracle_tests::patroni::http;
+use tsoracle_tests::runbook::{environment, Block, Runbook, RELAY_STEPS};
 use tsoracle_tests::tls::TestCa;
 use tsoracle_tests::{poll_until, serving_node, Node, NodeOpts};
 
-/// The relay's role on every cluster: it reads the outbox, over TLS only where TLS is served.
-const RELAY_ROLE: &str = "relay_reader";
+/// The relay's role on every cluster (the page's): it reads the outbox, over TLS only where TLS
+/// is served.
+const RELAY_ROLE: &str = "relay";
 const OUTBOX: &str =
     "CREATE TABLE outbox (id bigint PRIMARY KEY, ts bigint NOT NULL DEFAULT tso_next(), note text)";
 
 const RELAY_MD: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/operations/relay.md");
+const EXAMPLE_CONF: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../contrib/systemd/relay.conf");
 /// A row: (cluster, id).
 type RowId = (String, i64);
 
@@ -196,6 +204,37 @@ fn verified(node: &Node, ca: &TestCa, host: &str) -> String {
     )
 }
 
+/// The page's configuration file with the test's hosts, ports, CA and database for the page's
+/// (each must be on the page): `oracle-a` a port nothing listens on and `oracle-b` the oracle,
+/// `orders-a` the member's standby and `orders-b` the member, `billing` the oracle; the metrics
+/// on any free port.
+fn local_conf(page: &Block, oracle: u16, member: u16, standby: u16, ca: &TestCa) -> Block {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    page.mutated(
+        "host=oracle-a,oracle-b ",
+        &format!("host=127.0.0.1,127.0.0.1 port={closed},{oracle} "),
+    )
+    .mutated(
+        "host=orders-a,orders-b ",
+        &format!("host=127.0.0.1,127.0.0.1 port={standby},{member} "),
+    )
+    .mutated("host=billing ", &format!("host=127.0.0.1 port={oracle} "))
+    .mutated(
+        "sslrootcert=/etc/tsoracle/relay/ca.crt",
+        &format!("sslrootcert={}", ca.root_cert().display()),
+    )
+    .mutated("dbname=app ", "dbname=postgres connect_timeout=5 ")
+    .mutated("METRICS_ADDR=127.0.0.1:9310", "METRICS_ADDR=127.0.0.1:0")
+}
+
+/// The relay with `conf`'s variables as its only `TSORACLE_RELAY_*` ones (as the unit's
+/// `EnvironmentFile=`).
+fn relay_with(conf: &Block) -> Command {
+    let mut cmd = relay_command();
+    cmd.envs(environment(conf).unwrap_or_else(|e| panic!("relay.md: {e}")));
+    cmd
+}
+
 /// The relay started with `args` and `--connect-wait-ms 0`: exit code and standard error.
 fn refused(args: &[String]) -> (Option<i32>, String) {
     let out = relay_command()
@@ -221,6 +260,47 @@ fn the_relay_through_verify_full_exactly_once_with_metrics() {
     let other = TestCa::new("relay-t-other").expect("a second CA");
     ca.serve_tls(&mut oracle, &[RELAY_ROLE]).expect("TLS on the oracle");
     ca.serve_tls(&mut m1, &[RELAY_ROLE]).expect("TLS on the member");
+
+    // The page's configuration file: the variables of the example the package ships.
+    let book = Runbook::load("relay.md", "relay");
+    book.expect_steps(RELAY_STEPS);
+    let page = book.step(1);
+    let example = std::fs::read_to_string(EXAMPLE_CONF).expect("contrib/systemd/relay.conf");
+    let example = Block { text: example, ..page.clone() };
+    assert_eq!(
+        environment(&example).unwrap(),
+        environment(page).unwrap(),
+        "{RELAY_MD}'s configuration file is not the variables of {EXAMPLE_CONF}"
+    );
+    // The page's orders-a: a standby of the member (TLS as the member's, copied).
+    let mut standby = Node::base_backup_from(&m1, "relay-t-m1-standby").expect("pg_basebackup");
+    standby.start().expect("start the member's standby");
+    let conf = local_conf(page, oracle.port(), m1.port(), standby.port(), &ca);
+    // Mutants of the page's file, refused at the start with exit code 3 and one line: without
+    // target_session_attrs=read-write, orders-a (the standby) is the cluster's connection;
+    // with another CA, the oracle's certificate fails verification.
+    let mutants = [
+        (
+            conf.mutated("target_session_attrs=read-write", ""),
+            "cannot connect to orders: it is a standby",
+        ),
+        (
+            local_conf(page, oracle.port(), m1.port(), standby.port(), &other),
+            "certificate verify failed",
+        ),
+    ];
+    for (mutant, why) in mutants {
+        let out = relay_with(&mutant)
+            .args(["--connect-wait-ms", "0"])
+            .stdout(Stdio::null())
+            .output()
+            .expect("run the relay");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(3), "a mutant of relay.md's file: {err}");
+        let said: Vec<&str> = err.lines().filter(|l| !l.contains(": metrics at http")).collect();
+        assert_eq!(said.len(), 1, "one line (and the metrics address): {err}");
+        assert!(err.contains(why), "{why:?} in {err}");
+    }
 
     // Refused at the start, each with exit code 3 and one line that says why.
     let cluster = |conninfo: String| vec!["--cluster".to_string(), format!("m1={conninfo}")];
@@ -250,7 +330,7 @@ fn the_relay_through_verify_full_exactly_once_with_metrics() {
     let out = dir.join("out.jsonl");
     let stop = Arc::new(AtomicBool::new(false));
     let committed = Arc::new(Mutex::new(BTreeMap::new()));
-    let writers: Vec<JoinHandle<()>> = [(&oracle, "oracle"), (&m1, "m1")]
+    let writers: Vec<JoinHandle<()>> = [(&oracle, "billing"), (&m1, "orders")]
         .into_iter()
         .map(|(n, name)| {
             let (c, stop, committed) = (n.connect(), stop.clone(), committed.clone());
@@ -258,16 +338,10 @@ fn the_relay_through_verify_full_exactly_once_with_metrics() {
             thread::spawn(move || writer(name, c, stop, committed))
         })
         .collect();
-    let mut cmd = relay_command();
-    cmd.arg("--oracle")
-        .arg(verified(&oracle, &ca, "127.0.0.1"))
-        .arg("--cluster")
-        .arg(format!("oracle={}", verified(&oracle, &ca, "127.0.0.1")))
-        .arg("--cluster")
-        .arg(format!("m1={}", verified(&m1, &ca, "127.0.0.1")))
-        .arg("--output")
-        .arg(&out)
-        .args(["--interval-ms", "100", "--metrics-addr", "127.0.0.1:0"]);
+    // The page's file as the unit runs it (TSORACLE_RELAY_OUTPUT is the unit's); the command
+    // line wins over the file.
+    let mut cmd = relay_with(&conf);
+    cmd.env("TSORACLE_RELAY_OUTPUT", &out).args(["--interval-ms", "100"]);
     let relay = Relay::start(cmd);
     let port = relay.metrics_port();
 
@@ -276,10 +350,10 @@ fn the_relay_through_verify_full_exactly_once_with_metrics() {
         poll_until("the relay emits rows of both clusters", Duration::from_secs(60), || {
             let m = scrape(port);
             let rows = |c| labelled(&m, "tsoracle_relay_rows_total", "cluster", c);
-            (rows("oracle") > 0.0 && rows("m1") > 0.0).then_some(m)
+            (rows("billing") > 0.0 && rows("orders") > 0.0).then_some(m)
         });
     let in_file = relay_output(&out, "ts");
-    for c in ["oracle", "m1"] {
+    for c in ["billing", "orders"] {
         let file = in_file.iter().filter(|((n, _), _)| n == c).count() as f64;
         let scraped = labelled(&during, "tsoracle_relay_rows_total", "cluster", c);
         assert!(scraped <= file, "{c}: {scraped} rows emitted, but {file} in the file");
@@ -325,7 +399,7 @@ fn the_relay_through_verify_full_exactly_once_with_metrics() {
     let cursor = cursor_of(&cursor_file);
     assert!(cursor > 0 && cursor < held_ts, "the cursor {cursor} passed the held row {held_ts}");
     held.commit().expect("COMMIT the held row");
-    committed.lock().unwrap().insert(("m1".into(), -1), held_ts);
+    committed.lock().unwrap().insert(("orders".into(), -1), held_ts);
 
     stop.store(true, Ordering::SeqCst);
     for w in writers {
@@ -339,7 +413,7 @@ fn the_relay_through_verify_full_exactly_once_with_metrics() {
     // Idle now: the metrics match the file.
     let emitted = relay_output(&out, "ts");
     let m = scrape(port);
-    for c in ["oracle", "m1"] {
+    for c in ["billing", "orders"] {
         let file = emitted.iter().filter(|((n, _), _)| n == c).count() as f64;
         assert_eq!(labelled(&m, "tsoracle_relay_rows_total", "cluster", c), file, "{c}");
     }

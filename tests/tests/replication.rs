@@ -16,6 +16,11 @@
 //! procedure that elects a new primary sooner than that after cutting the old one off would
 //! let a client see time go back (docs/operations/patroni.md).
 //!
+//! Tests 1, 2 and 4 make their pair, promote and check by docs/operations/replication.md's
+//! worked example, its blocks run as written (`tsoracle_tests::runbook`, with `$PRIMARY`,
+//! `$STANDBY_DATA` and `$STANDBY` set); first they check that the page has exactly those
+//! blocks, and that its check of step 2 prints `f` when the step's `ALTER SYSTEM` is left out.
+//!
 //! Run with: `cargo test -p tsoracle-tests --test replication -- --test-threads=1`
 
 use std::collections::BTreeMap;
@@ -27,9 +32,10 @@ use postgres::error::SqlState;
 use postgres::Client;
 use tsoracle_tests::cluster::{
     self, first_timestamp, make_sync, promotion_to_first_ts_ms, remove_primary_conninfo,
-    wait_end_of_local_wal, wait_replayed, worker_activity, MixedLoad, MixedLoadOptions,
+    wait_end_of_local_wal, wait_replayed, wait_sync, worker_activity, MixedLoad, MixedLoadOptions,
     PrimaryPointer,
 };
+use tsoracle_tests::runbook::{run_sh_as_server, run_step, Runbook, FAILOVER_STEPS};
 use tsoracle_tests::tso::{durable_high_water, status, tso_next, TsoStatus};
 use tsoracle_tests::{
     expect_sqlstate, pg_error_string, physical, poll_until, wait_for, DenseHistory, History, Node,
@@ -55,6 +61,79 @@ fn sync_pair(primary_name: &str, standby_name: &str) -> (Node, Node) {
     standby.start().expect("start standby");
     make_sync(&mut primary, standby.name()).unwrap_or_else(|e| panic!("synchronous standby: {e}"));
     (primary, standby)
+}
+
+/// [`sync_pair`] by the worked example of docs/operations/replication.md, steps 1 and 2 as
+/// written: the page's `pg_basebackup` (as the `postgres` OS user) into the standby's
+/// directory, the standby started, and once it streams, the page's `ALTER SYSTEM` and its
+/// check, which prints `t` (and `f` in a mutant of the step without the `ALTER SYSTEM`: the
+/// page's own check catches a standby left asynchronous). The primary is `primary`, the
+/// standby `standby1` (the page's name).
+fn page_pair() -> (Node, Node, Runbook) {
+    let book = Runbook::load("replication.md", "failover");
+    book.expect_steps(FAILOVER_STEPS);
+    let primary = Node::start_new("primary", NodeOpts::new()).expect("start primary");
+    primary
+        .create_extension()
+        .unwrap_or_else(|e| panic!("CREATE EXTENSION / wait_serving on the primary: {e}"));
+    let vars = vec![("PRIMARY", primary.conninfo())];
+    let mut standby = Node::base_backup_by(&primary, "standby1", |data| {
+        let mut vars = vars.clone();
+        vars.push(("STANDBY_DATA", data.display().to_string()));
+        run_sh_as_server(book.step(1), &primary, &vars).map(|_| ())
+    })
+    .unwrap_or_else(|e| panic!("replication.md step 1: {e}\n{}", book.step(1).text));
+    standby.start().expect("start standby");
+    let mut c = primary.connect();
+    poll_until("standby1 streams", Duration::from_secs(60), || {
+        let streaming: i64 = c
+            .query_one(
+                "SELECT count(*) FROM pg_stat_replication \
+                  WHERE application_name = 'standby1' AND state = 'streaming'",
+                &[],
+            )
+            .expect("pg_stat_replication")
+            .get(0);
+        (streaming == 1).then_some(())
+    });
+    let checked = |out: String| out.lines().last().unwrap_or("").trim().to_string();
+    let mutant = book.step(2).without_lines("ALTER SYSTEM");
+    assert_eq!(checked(run_step(&mutant, &primary, &vars)), "f", "step 2 without ALTER SYSTEM");
+    assert_eq!(checked(run_step(book.step(2), &primary, &vars)), "t", "step 2's check");
+    wait_sync(&primary, "standby1").unwrap_or_else(|e| panic!("synchronous standby: {e}"));
+    (primary, standby, book)
+}
+
+/// The page's step 3 (`pg_promote()`, which waits until the standby is out of recovery): how
+/// long it took.
+fn page_promote(book: &Runbook, standby: &Node) -> Duration {
+    let t0 = Instant::now();
+    let out = run_step(book.step(3), standby, &[("STANDBY", standby.conninfo())]);
+    assert!(out.lines().any(|l| l.trim() == "t"), "pg_promote() returned false: {out}");
+    t0.elapsed()
+}
+
+/// The page's step 4 after a first promotion: epoch and timeline 2, and its `tso_next()` above
+/// `first_new`, the first value the promoted standby served (so above all of the old primary's).
+fn page_checks(book: &Runbook, standby: &Node, first_new: i64) {
+    let (next, epoch, timeline) = page_check(book, standby);
+    assert_eq!((epoch, timeline), (2, 2), "replication.md step 4: the epoch is the new timeline");
+    assert!(next > first_new, "replication.md step 4: tso_next() {next} <= {first_new}");
+}
+
+/// The page's step 4 on the promoted standby: the row it prints, `tso_next()`, `epoch` and
+/// `timeline`.
+fn page_check(book: &Runbook, standby: &Node) -> (i64, i64, i64) {
+    let out = run_step(book.step(4), standby, &[("STANDBY", standby.conninfo())]);
+    let rows: Vec<Vec<i64>> = out
+        .lines()
+        .filter(|l| l.contains('|'))
+        .filter_map(|l| l.split('|').map(|f| f.trim().parse().ok()).collect())
+        .collect();
+    match rows.as_slice() {
+        [r] if r.len() == 3 => (r[0], r[1], r[2]),
+        _ => panic!("replication.md step 4: one row of three numbers: {out}"),
+    }
 }
 
 fn status_of(c: &mut Client) -> TsoStatus {
@@ -137,9 +216,16 @@ fn check_histories(ts: &History, dense: &DenseHistory, totals: &BTreeMap<String,
 /// `pg_is_in_recovery()` is false, which is when `pg_promote(true)` would return), and time
 /// the first `tso_next()` that succeeds after that. Returns (first value, time to it,
 /// `promotion_to_first_ts_ms`, the new primary's status).
-fn promote_and_time(standby: &Node, label: &str) -> (i64, Duration, Option<i64>, TsoStatus) {
+fn promote_and_time(
+    standby: &Node,
+    label: &str,
+    page: Option<&Runbook>,
+) -> (i64, Duration, Option<i64>, TsoStatus) {
     let mut c = standby.connect();
-    let promotion = cluster::promote(standby).unwrap_or_else(|e| panic!("{label}: promotion: {e}"));
+    let promotion = match page {
+        Some(book) => page_promote(book, standby),
+        None => cluster::promote(standby).unwrap_or_else(|e| panic!("{label}: promotion: {e}")),
+    };
     let promoted = Instant::now();
     let (first, took) = first_timestamp(&mut c, promoted, Duration::from_secs(30))
         .unwrap_or_else(|e| panic!("{label}: no timestamp from the promoted standby: {e}"));
@@ -220,7 +306,7 @@ fn check_single_failover(
 /// of the new primary; both histories pass; epoch and timeline go from 1 to 2.
 #[test]
 fn promote_after_clean_stop() {
-    let (mut primary, standby) = sync_pair("primary", "standby1");
+    let (mut primary, standby, book) = page_pair();
     let st_old = status_of(&mut primary.connect());
     assert_eq!((st_old.epoch, st_old.timeline), (Some(1), Some(1)), "{st_old:?}");
     assert_eq!(st_old.sync_replication, Some(true), "{st_old:?}");
@@ -253,7 +339,8 @@ fn promote_after_clean_stop() {
             }
         })
     };
-    let (first_new, _, p2f, st_new) = promote_and_time(&standby, "clean");
+    let (first_new, _, p2f, st_new) = promote_and_time(&standby, "clean", Some(&book));
+    page_checks(&book, &standby, first_new);
     let promoted = Instant::now();
     // The old primary keeps serving from its committed window for a moment: let it.
     std::thread::sleep(Duration::from_millis(300));
@@ -291,7 +378,7 @@ fn promote_after_clean_stop() {
 /// the old one issued; both histories pass; epoch and timeline go from 1 to 2.
 #[test]
 fn promote_after_kill9() {
-    let (mut primary, standby) = sync_pair("primary", "standby1");
+    let (mut primary, standby, book) = page_pair();
     let st_old = status_of(&mut primary.connect());
     assert_eq!((st_old.epoch, st_old.timeline), (Some(1), Some(1)), "{st_old:?}");
 
@@ -303,7 +390,8 @@ fn promote_after_kill9() {
 
     let killed = primary.kill9_postmaster().expect("kill -9 the old primary");
     assert!(!killed.is_empty());
-    let (first_new, _, p2f, st_new) = promote_and_time(&standby, "kill9");
+    let (first_new, _, p2f, st_new) = promote_and_time(&standby, "kill9", Some(&book));
+    page_checks(&book, &standby, first_new);
     target.set(&standby);
     let moved = Instant::now();
     ts.wait_progress(moved, 300, "after the failover");
@@ -355,7 +443,7 @@ fn three_promotions_in_a_row() {
             }
         }
         let (_, took, p2f, st) =
-            promote_and_time(&standby, &format!("round {} ({how})", round + 1));
+            promote_and_time(&standby, &format!("round {} ({how})", round + 1), None);
         target.set(&standby);
         let want = round as i64 + 2;
         assert_eq!(st.epoch, Some(want), "promotion {}: {st:?}", round + 1);
@@ -423,7 +511,7 @@ fn three_promotions_in_a_row() {
 /// 'standby', the replay timeline and the replayed durable high-water.
 #[test]
 fn standby_errors_and_status() {
-    let (primary, standby) = sync_pair("primary", "standby1");
+    let (primary, standby, book) = page_pair();
     let mut pc = primary.connect();
     let mut max = 0i64;
     for _ in 0..200 {
@@ -506,9 +594,11 @@ fn standby_errors_and_status() {
     drop(sc);
     drop(pc);
     drop(primary);
-    cluster::promote(&standby).unwrap();
+    page_promote(&book, &standby);
     let st = standby.wait_serving().unwrap();
     assert_eq!((st.role.as_str(), st.epoch), ("primary", Some(2)), "{st:?}");
+    let (page_next, _, _) = page_check(&book, &standby);
+    assert!(page_next > last_issued, "replication.md step 4: {page_next} <= {last_issued}");
     let mut c = standby.connect();
     let next: Option<i64> = c.query_one("SELECT tso_seq_peek('k0')", &[]).unwrap().get(0);
     assert_eq!(next, Some(s + 3), "the replicated counter of k0");
@@ -754,7 +844,7 @@ fn sync_trap(label: &str, seq_share: f64) {
 
     // Promote the standby: it starts above everything the old primary returned.
     drop(sc);
-    let (first_new, _, p2f, st_new) = promote_and_time(&standby, label);
+    let (first_new, _, p2f, st_new) = promote_and_time(&standby, label, None);
     assert!(
         first_new > served_max,
         "first timestamp after promotion {first_new} <= {served_max} returned by the old primary"

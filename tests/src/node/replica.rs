@@ -32,6 +32,21 @@ impl Node {
         Ok(node)
     }
 
+    /// A replica of `primary` that `make` writes into the data directory it is given (a
+    /// runbook page's own `pg_basebackup`, run as the `postgres` OS user): a new node
+    /// directory, the primary's settings, its own port. Not started.
+    pub fn base_backup_by(
+        primary: &Node,
+        name: &str,
+        make: impl FnOnce(&Path) -> Result<()>,
+    ) -> Result<Node> {
+        let mut node = Node::empty(name, primary.bin.clone())?;
+        node.settings = primary.settings.clone();
+        make(&node.datadir)?;
+        node.write_conf()?;
+        Ok(node)
+    }
+
     /// `pg_upgrade` the stopped cluster `old` into a new cluster `name`, `initdb`ed from the
     /// binaries of `opts` (another major) with `opts`' settings; `--copy` mode, so `old`
     /// stays usable. Not started.
