@@ -346,6 +346,10 @@ pub const FAILOVER_STEPS: &[(u32, &str)] = &[(1, "sh"), (2, "sh"), (3, "sh"), (4
 /// The relay's configuration file (relay.md, "The service"): its variables run the relay in
 /// `tests/tests/relay.rs`.
 pub const RELAY_STEPS: &[(u32, &str)] = &[(1, "sh")];
+/// The fleet moved to a new oracle (oracle-failover.md, "Moving the fleet to a new oracle"):
+/// the handover and the seed, the counters carried, the member's memory of its oracle
+/// deleted, the check; driven by `tests/tests/fleet_runbooks_more.rs`.
+pub const MOVE_ORACLE_STEPS: &[(u32, &str)] = &[(1, "sh"), (2, "sh"), (3, "sh"), (4, "sh")];
 
 /// A runbook's blocks: (step, language), in page order.
 pub type Steps = &'static [(u32, &'static str)];
@@ -359,6 +363,7 @@ pub const BOOKS: &[(&str, &str, Steps)] = &[
     ("fleet/remove-a-member.md", "remove-a-member", REMOVE_STEPS),
     ("fleet/pg-upgrade.md", "pg-upgrade-oracle", PG_UPGRADE_ORACLE_STEPS),
     ("fleet/member-upgrade.md", "minor-upgrade", MINOR_UPGRADE_STEPS),
+    ("fleet/oracle-failover.md", "move-oracle", MOVE_ORACLE_STEPS),
     ("logical-replication.md", "switchover", SWITCHOVER_STEPS),
     ("uninstalling.md", "uninstall", UNINSTALL_STEPS),
     ("replication.md", "failover", FAILOVER_STEPS),

@@ -12,26 +12,40 @@
 //!   identity is not its system identifier), stopped; the page's query names it as what holds
 //!   `R_f`, its identity is read on it, it is removed and `R_f` moves again; it is refused once
 //!   back, listed among the removed, re-admitted, and registers anew above everything the
-//!   fleet handed out.
+//!   fleet handed out;
+//! - the fleet moved to a new oracle (docs/operations/fleet/oracle-failover.md, "Moving the
+//!   fleet to a new oracle"): `tso_handover()` on the old oracle and the new one seeded above
+//!   it, the counters carried, on each member its memory of the old oracle deleted,
+//!   `tsoracle.oracle` set to the new one and a restart, the page's check. Under load on two
+//!   members: one order across the move, every block after it above every block before, the
+//!   members served by and remembering the new oracle, the old one serving nothing.
 //!
 //! A mutation of a dangerous step on the page (the grant or the password dropped, the
 //! passfile readable by others, TLS off, the identity read as the system identifier, the
-//! removal or the re-admission skipped) fails these tests. The passfile's is checked by the
+//! removal or the re-admission skipped) fails these tests. The move's are run here: its
+//! counters not carried grant a block again, which the move's check catches; its seed
+//! dropped has the member refuse the new oracle's timestamps (`55000`) or hand out one below
+//! the old high-water. The passfile's is checked by the
 //! set-up test itself: a mutant of step 2 (`-m 644`) leaves a passfile that the page's
 //! `tsoracle.oracle` cannot connect through.
 //!
 //! Run with: `cargo test -p tsoracle-tests --test fleet_runbooks_more -- --test-threads=2`
 
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use postgres::error::SqlState;
 use tsoracle_tests::fleet::{admit_members, member, oracle_conninfo, MEMBER_ROLE};
+use tsoracle_tests::fleet_load::{members_listed, system_identifier};
+use tsoracle_tests::history::DenseCall;
 use tsoracle_tests::runbook::{
     blocks_on, one_i64, printed_number, run_sh, run_sql, run_step, settings, timestamps_on, vars,
-    Runbook, REMOVE_STEPS, SETUP_STEPS,
+    Runbook, AHEAD, MOVE_ORACLE_STEPS, REMOVE_STEPS, SETUP_STEPS,
 };
 use tsoracle_tests::tls::TestCa;
 use tsoracle_tests::{
-    pg_error_string, poll_until, serving_node, DenseHistory, History, Node, NodeOpts, StopMode,
+    expect_sqlstate, pg_error_string, poll_until, serving_node, DenseHistory, History, Node,
+    NodeOpts, StopMode,
 };
 
 /// The members' password in the set-up test (what `\password` is answered).
@@ -286,5 +300,228 @@ fn a_member_gone_for_good_is_removed_and_readmitted_by_the_runbook_under_load() 
     let dense_report = dense.check(None).unwrap_or_else(|v| panic!("counters: {v}"));
     for key in keys {
         assert!(dense_report.keys[key].ok_calls > 0, "{key}: no block granted");
+    }
+}
+
+/// The blocks of `calls` granted (per key: its blocks' `[first, end)`) to calls that started
+/// before `t`, and to those that started after it.
+fn blocks_split(calls: &[DenseCall], t: Instant) -> BTreeMap<String, (Vec<Block>, Vec<Block>)> {
+    let mut out: BTreeMap<String, (Vec<Block>, Vec<Block>)> = BTreeMap::new();
+    for c in calls {
+        if let Ok(first) = c.result {
+            let e = out.entry(c.key.clone()).or_default();
+            let side = if c.start < t { &mut e.0 } else { &mut e.1 };
+            side.push((first, first + c.count));
+        }
+    }
+    out
+}
+
+/// A block `[first, end)`.
+type Block = (i64, i64);
+
+/// The move's promise for one key's blocks: every block granted after the move is above
+/// every block granted before it (none is granted twice).
+fn blocks_above(key: &str, before: &[Block], after: &[Block]) -> Result<(), String> {
+    let Some(top) = before.iter().map(|b| b.1).max() else { return Ok(()) };
+    match after.iter().find(|b| b.0 < top) {
+        Some(b) => Err(format!("{key}: block {b:?} after the move, below {top} granted before")),
+        None => Ok(()),
+    }
+}
+
+/// The old oracle after `tso_handover()`: no timestamp and no block, its counter unmoved.
+fn serves_nothing(old: &Node, key: &str) {
+    let mut c = old.connect();
+    let state: String = c.query_one("SELECT state FROM tso_status()", &[]).unwrap().get(0);
+    assert_eq!(state, "refused", "the old oracle after its handover");
+    expect_sqlstate(
+        c.query_one("SELECT tso_next()", &[]),
+        &SqlState::CANNOT_CONNECT_NOW,
+        "tso_next() on the old oracle after its handover",
+    );
+    let next = format!("SELECT next FROM tsoracle.seq WHERE key = '{key}'");
+    let before = one_i64(&mut c, &next);
+    let refused = c.query_one(&format!("SELECT tso_seq('{key}', 1)"), &[]);
+    assert!(refused.is_err(), "a block on the old oracle after its handover: {refused:?}");
+    assert_eq!(one_i64(&mut c, &next), before, "{key}: the old oracle granted a block");
+}
+
+/// The fleet moved to a new oracle by docs/operations/fleet/oracle-failover.md ("Moving the
+/// fleet to a new oracle"), its blocks run as written, under load on two members: one order
+/// of timestamps across the move, each above the old oracle's high-water after it, every
+/// block after the move above every block before, the members served by the new oracle and
+/// remembering it, the old oracle serving nothing.
+#[test]
+fn the_fleet_moves_to_a_new_oracle_by_the_runbook_under_load() {
+    let book = Runbook::load("fleet/oracle-failover.md", "move-oracle");
+    book.expect_steps(MOVE_ORACLE_STEPS);
+    let old = serving_node("move-old", NodeOpts::new());
+    admit_members(&old);
+    // The old fleet runs a minute ahead of the clock: a new oracle not seeded above it would
+    // hand out its timestamps again.
+    one_i64(&mut old.connect(), &format!("SELECT tso_seed({AHEAD})"));
+    let new = serving_node("move-new", NodeOpts::new());
+    admit_members(&new);
+    let to_old = oracle_conninfo(&[old.port()], MEMBER_ROLE);
+    let mut members = [member("move-m1", &to_old), member("move-m2", &to_old)];
+
+    let fleet = History::default();
+    let dense = DenseHistory::default();
+    let keys = ["move-a", "move-b"];
+    let loads: Vec<_> = members.iter().map(|m| timestamps_on(m, &fleet)).collect();
+    let blocks: Vec<_> = members.iter().map(|m| blocks_on(m, &keys, &dense)).collect();
+    fleet.wait_progress(Instant::now(), 200, "the members serve through the old oracle");
+    poll_until("blocks through the old oracle", Duration::from_secs(20), || {
+        (dense.calls().iter().filter(|c| c.result.is_ok()).count() >= 20).then_some(())
+    });
+
+    let base = vars(&[("OLD", &old), ("ORACLE", &new)]);
+    // 1. The handover on the old oracle, the new one seeded above it.
+    run_step(book.step(1), &old, &base);
+    let handed_over = Instant::now();
+    let high_water = one_i64(&mut old.connect(), "SELECT physical_ms FROM tsoracle.high_water");
+    serves_nothing(&old, keys[0]);
+    // 2. The counters carried.
+    run_step(book.step(2), &old, &base);
+    // 3. On each member: its memory of the old oracle deleted, tsoracle.oracle set to the new
+    //    one, a restart (the page's prose, the harness's).
+    let to_new = oracle_conninfo(&[new.port()], MEMBER_ROLE);
+    for m in &mut members {
+        let mut v = base.clone();
+        v.push(("CLUSTER", m.conninfo()));
+        run_step(book.step(3), m, &v);
+        m.set_conf("tsoracle.oracle", &to_new).expect("point the member at the new oracle");
+        m.restart(StopMode::Fast).expect("restart the member");
+    }
+    let moved = Instant::now();
+    // 4. The page's check prints t|t on each member once it is connected.
+    for m in &members {
+        let mut v = base.clone();
+        v.push(("CLUSTER", m.conninfo()));
+        poll_until(&format!("step 4 prints t|t on {}", m.name()), Duration::from_secs(30), || {
+            let out = run_sh(book.step(4), m.bin_dir(), &v).ok()?;
+            (out.trim() == "t|t").then_some(())
+        });
+    }
+    fleet.wait_progress_on(&["move-m1", "move-m2"], moved, 200, "the members serve on");
+    poll_until("blocks through the new oracle", Duration::from_secs(20), || {
+        let after = dense.calls().into_iter().filter(|c| c.start > moved && c.result.is_ok());
+        (after.count() >= 20).then_some(())
+    });
+    std::thread::sleep(Duration::from_secs(1));
+    for l in loads {
+        l.stop_and_join();
+    }
+    for b in blocks {
+        b.stop_and_join();
+    }
+
+    // One order across the move, on both members.
+    let report = fleet.assert_valid();
+    eprintln!("the fleet across the move: {report:?}");
+    for call in fleet.calls().iter().filter(|c| c.is_ok()) {
+        let (first, last) = (call.first().unwrap(), call.last().unwrap());
+        if call.start > handed_over {
+            assert!(first >> 18 > high_water, "{call:?} after the move, not above {high_water}");
+        } else {
+            assert!(last >> 18 <= high_water, "{call:?} before the move, above {high_water}");
+        }
+    }
+    // No block granted twice; every block after the move above every block before it.
+    let dense_report = dense.check(None).unwrap_or_else(|v| panic!("counters: {v}"));
+    let split = blocks_split(&dense.calls(), handed_over);
+    for key in keys {
+        assert!(dense_report.keys[key].ok_calls > 0, "{key}: no block granted");
+        let (before, after) = &split[key];
+        assert!(!before.is_empty() && !after.is_empty(), "{key}: blocks on both sides");
+        blocks_above(key, before, after).unwrap_or_else(|e| panic!("{e}"));
+    }
+    // The members are the new oracle's: served by it, remembering it, listed by it.
+    let new_id = system_identifier(&mut new.connect());
+    for m in &members {
+        let mut c = m.connect();
+        let row = c.query_one("SELECT oracle, connected FROM tso_member_status()", &[]).unwrap();
+        let (oracle, connected): (String, bool) = (row.get(0), row.get(1));
+        let at_new = oracle.split_whitespace().any(|w| w == format!("port={}", new.port()));
+        assert!(connected && at_new, "{}: {oracle} connected={connected}", m.name());
+        let kept = one_i64(&mut c, "SELECT system_id FROM tsoracle.member_oracle");
+        assert_eq!(kept, new_id, "{} remembers the new oracle", m.name());
+    }
+    assert_eq!(members_listed(&mut new.connect()).len(), 2, "the new oracle lists both members");
+    serves_nothing(&old, keys[1]);
+}
+
+/// The most dangerous steps mutated on the page, each on a member moved by it, no load: the
+/// counters not carried (step 2 copies no row) hands a member a block granted before the move
+/// (the check of the test above fails), the seed dropped (step 1 without `tso_seed()`) has a
+/// member refuse the new oracle's timestamps (`55000`) or hand out one below the old
+/// oracle's high-water.
+#[test]
+fn a_move_without_the_counters_or_the_seed_is_caught() {
+    let book = Runbook::load("fleet/oracle-failover.md", "move-oracle");
+    book.expect_steps(MOVE_ORACLE_STEPS);
+    let old = serving_node("move-x-old", NodeOpts::new());
+    admit_members(&old);
+    one_i64(&mut old.connect(), &format!("SELECT tso_seed({AHEAD})"));
+    let to_old = oracle_conninfo(&[old.port()], MEMBER_ROLE);
+    let mut uncounted = member("move-x-m1", &to_old);
+    let mut unseeded = member("move-x-m2", &to_old);
+    let no_counters = serving_node("move-x-n1", NodeOpts::new());
+    admit_members(&no_counters);
+    let no_seed = serving_node("move-x-n2", NodeOpts::new());
+    admit_members(&no_seed);
+    let key = "move-x";
+    let mut before = Vec::new();
+    for _ in 0..5 {
+        let first = one_i64(&mut uncounted.connect(), &format!("SELECT tso_seq('{key}', 10)"));
+        before.push((first, first + 10));
+    }
+    one_i64(&mut unseeded.connect(), "SELECT tso_next()");
+
+    let on = |oracle: &Node| vars(&[("OLD", &old), ("ORACLE", oracle)]);
+    // Step 1 without the seed, towards one new oracle; as written towards the other (the
+    // handover again: it returns the same high-water).
+    run_step(&book.step(1).without_lines("tso_seed"), &old, &on(&no_seed));
+    run_step(book.step(1), &old, &on(&no_counters));
+    let high_water = one_i64(&mut old.connect(), "SELECT physical_ms FROM tsoracle.high_water");
+    // Step 2 copying no row towards the one, as written towards the other.
+    let carry_nothing =
+        book.step(2).mutated("FROM tsoracle.seq)", "FROM tsoracle.seq WHERE false)");
+    run_step(&carry_nothing, &old, &on(&no_counters));
+    run_step(book.step(2), &old, &on(&no_seed));
+    for (m, oracle) in [(&mut uncounted, &no_counters), (&mut unseeded, &no_seed)] {
+        let mut v = on(oracle);
+        v.push(("CLUSTER", m.conninfo()));
+        run_step(book.step(3), m, &v);
+        m.set_conf("tsoracle.oracle", oracle_conninfo(&[oracle.port()], MEMBER_ROLE)).unwrap();
+        m.restart(StopMode::Fast).expect("restart the member");
+    }
+
+    // The counters not carried: a block granted again, which the check catches.
+    let first: i64 = poll_until("a block through the new oracle", Duration::from_secs(30), || {
+        uncounted.connect().query_one(&format!("SELECT tso_seq('{key}', 10)"), &[]).ok()
+    })
+    .get(0);
+    let caught = blocks_above(key, &before, &[(first, first + 10)]);
+    assert!(caught.is_err(), "the counters not carried: block {first} is not caught");
+    eprintln!("the mutant of step 2 is caught: {}", caught.unwrap_err());
+
+    // The seed dropped: the member refuses the new oracle's timestamps, or one is below the
+    // old oracle's high-water.
+    let got =
+        poll_until("an answer through the new oracle", Duration::from_secs(30), || match unseeded
+            .connect()
+            .query_one("SELECT tso_next()", &[])
+        {
+            Ok(row) => Some(Ok(row.get::<_, i64>(0))),
+            Err(e) if e.code() == Some(&SqlState::OBJECT_NOT_IN_PREREQUISITE_STATE) => {
+                Some(Err(pg_error_string(&e)))
+            }
+            Err(_) => None,
+        });
+    match got {
+        Ok(ts) => assert!(ts >> 18 <= high_water, "the seed dropped: {ts} is not caught"),
+        Err(e) => eprintln!("the mutant of step 1 is refused by the member: {e}"),
     }
 }
