@@ -33,6 +33,8 @@ fn hello(
             "the member and the oracle are the same cluster (system identifier {own}): tsoracle.oracle must name another cluster"
         )));
     }
+    // The run it speaks for rides after the version (`tsoracle_core::fleet::RunClaim`).
+    let (member_version, claim) = tsoracle_core::fleet::RunClaim::parse(member_version);
     if !crate::pg::compatible_versions(member_version, crate::pg::EXTENSION_VERSION) {
         return Err(TsoError::InvalidArgument(format!(
             "the member's tsoracle {member_version} cannot be served by this oracle's {}: install the same minor version on both",
@@ -40,7 +42,7 @@ fn hello(
         )));
     }
     // Registered (or found again) before it is served anything: R_f waits for it from now on.
-    fleet::register(member_system_id as u64, member_resolved.max(0) as u64)?;
+    fleet::register(member_system_id as u64, member_resolved.max(0) as u64, claim)?;
     let epoch = ORACLE.share().allocator.epoch().unwrap_or(0);
     Ok((own as i64, crate::pg::EXTENSION_VERSION.to_string(), epoch as i64))
 }
