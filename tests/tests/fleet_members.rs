@@ -18,6 +18,13 @@
 //!   the same epoch once the member's `R` has passed its lowest stamp, comes back renewed: its
 //!   `ts_lower_bound` above the member's `R`.
 //!
+//! - an unpromoted copy of a member (its files copied while it runs, started as a primary on
+//!   the same timeline) that takes the member's entry over while the original's session is
+//!   silent and the original holds a value: the entry is held, `R_f` stays below the value
+//!   until a superuser releases it; a clean restart of the member is not held;
+//! - a member whose identity a promoted copy captured while it was down is refused `55006`,
+//!   and takes its entry back by docs/operations/fleet/take-back.md, run as written.
+//!
 //! Run with: `cargo test -p tsoracle-tests --test fleet_members -- --test-threads=2`
 
 use std::time::{Duration, Instant};
@@ -27,6 +34,7 @@ use tsoracle_tests::cluster::{make_sync, promote, wait_replayed};
 use tsoracle_tests::fleet::{
     admit_members, copy_between, member, member_opts, oracle_conninfo, MEMBER_ROLE,
 };
+use tsoracle_tests::runbook::{run_step, vars, Runbook, TAKE_BACK_STEPS};
 use tsoracle_tests::tso::now_ms;
 use tsoracle_tests::{pg_error_string, poll_until, serving_node, Node, NodeOpts, StopMode};
 
@@ -398,5 +406,67 @@ fn an_unpromoted_copy_never_lets_r_f_pass_what_its_original_holds() {
     poll_until("R_f passes the value once released", Duration::from_secs(20), || {
         let _: i64 = m.connect().query_one("SELECT tso_next()", &[]).unwrap().get(0);
         (rf(&mut o) >= held).then_some(())
+    });
+}
+
+/// A member whose identity a promoted copy captured while it was down for a restart is
+/// refused `55006` while the copy speaks; docs/operations/fleet/take-back.md, run as written,
+/// gives it its entry back: the copy stopped, the member served again, its entry released.
+#[test]
+fn a_member_whose_identity_a_promoted_copy_captured_takes_it_back_by_the_runbook() {
+    let book = Runbook::load("fleet/take-back.md", "take-back");
+    book.expect_steps(TAKE_BACK_STEPS);
+    let oracle = serving_node("tb-oracle", NodeOpts::new());
+    admit_members(&oracle);
+    let mut m = member("tb-m", &oracle_conninfo(&[oracle.port()], MEMBER_ROLE));
+    let before: i64 = m.connect().query_one("SELECT tso_next()", &[]).unwrap().get(0);
+    let mut copy = Node::base_backup_from(&m, "tb-copy").expect("pg_basebackup");
+    copy.start().expect("start the copy");
+    wait_replayed(&m, &copy).expect("replayed");
+    m.stop(StopMode::Fast).expect("the member stops for a restart");
+    promote(&copy).expect("promote the copy");
+    poll_until("the copy is served under the member's identity", Duration::from_secs(60), || {
+        copy.connect().query_one("SELECT tso_next()", &[]).ok().map(|r| r.get::<_, i64>(0))
+    });
+    m.start().expect("the member starts again");
+    poll_until("the member is refused 55006", Duration::from_secs(30), || {
+        let e: Option<String> = m
+            .connect()
+            .query_one("SELECT last_error FROM tso_member_status()", &[])
+            .unwrap()
+            .get(0);
+        e.filter(|e| e.contains("55006"))
+    });
+    assert!(m.connect().query_one("SELECT tso_next()", &[]).is_err(), "not served");
+
+    // Its identity, as the page says to read it on the member.
+    let id: i64 = m
+        .connect()
+        .query_one("SELECT member_id FROM tsoracle.member_identity", &[])
+        .unwrap()
+        .get(0);
+    let mut v = vars(&[("ORACLE", &oracle), ("MEMBER", &m)]);
+    v.push(("MEMBER_ID", id.to_string()));
+    v.push(("COPY_PGDATA", copy.datadir().display().to_string()));
+    let speaking = run_step(book.step(1), &oracle, &v);
+    assert!(speaking.contains(&id.to_string()), "{speaking}");
+    // Step 2 is a `pg_ctl stop`, which refuses to run as root (as these tests may): the
+    // harness stops the copy the same way.
+    assert!(book.step(2).text.contains("pg_ctl stop -D \"$COPY_PGDATA\" -m fast"));
+    copy.stop(StopMode::Fast).expect("stop the copy for good");
+    poll_until("the member is served again", Duration::from_secs(30), || {
+        (run_step(book.step(3), &m, &v).trim() == "t").then_some(())
+    });
+    let after: i64 = poll_until("it hands out values again", Duration::from_secs(30), || {
+        m.connect().query_one("SELECT tso_next()", &[]).ok().map(|r| r.get(0))
+    });
+    assert!(after > before);
+    let released = run_step(book.step(4), &oracle, &v);
+    assert!(released.contains(" t"), "its entry was held, and is released: {released}");
+    let mut o = oracle.connect();
+    poll_until("R_f passes what the member took", Duration::from_secs(20), || {
+        let _: i64 = m.connect().query_one("SELECT tso_next()", &[]).unwrap().get(0);
+        let rf: i64 = o.query_one("SELECT tso_fleet_resolved()", &[]).unwrap().get(0);
+        (rf >= after).then_some(())
     });
 }

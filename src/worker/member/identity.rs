@@ -78,7 +78,9 @@ impl Identity {
                 let mut kept =
                     MemberIdentity { id: crate::pg::system_identifier(), timeline: None };
                 let micros = |t: &str| {
-                    format!("(EXTRACT(epoch FROM {t}) OPERATOR(pg_catalog.*) 1000000)::pg_catalog.int8")
+                    format!(
+                        "(EXTRACT(epoch FROM {t}) OPERATOR(pg_catalog.*) 1000000)::pg_catalog.int8"
+                    )
                 };
                 let run = client
                     .select(
