@@ -40,6 +40,7 @@ pub extern "C-unwind" fn _PG_init() {
     // preload libraries, on this same (only) thread.
     if unsafe { pg_sys::process_shared_preload_libraries_in_progress } {
         pg::guc::define();
+        pg::note_start();
         shmem::init();
         caller::guard::init();
         caller::logged::init();

@@ -87,6 +87,90 @@ pub fn may_take_over(now_mono_ms: u64, last_heard_mono_ms: u64, silence_ms: u64)
     now_mono_ms.saturating_sub(last_heard_mono_ms) >= silence_ms
 }
 
+/// What a member's session says, at its hello, of the run of its cluster it speaks for
+/// (docs/fleet.md, "One run at a time"): a run is one postmaster's life (`run`: its start, in
+/// µs); `prev` is the run this cluster's own table named before this one began (0: none), and
+/// `ended_prev` whether this cluster can prove that run ended — it started from a clean
+/// shutdown, or it was promoted since it last registered. A snapshot of a running member,
+/// started as a primary, proves neither: it recovers from a crash, on the same timeline.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RunClaim {
+    pub run: u64,
+    pub prev: u64,
+    pub ended_prev: bool,
+}
+
+impl RunClaim {
+    /// The claim as the hello's version text carries it, after the version as semver build
+    /// metadata (`0.6.0+run.<run>.<prev>.<0|1>`): the hello's arguments are unchanged.
+    pub fn version_text(&self, version: &str) -> String {
+        format!("{version}+run.{}.{}.{}", self.run, self.prev, u8::from(self.ended_prev))
+    }
+
+    /// The claim in a hello's version text, and the version without it (`None`: no claim, a
+    /// member of an older build).
+    pub fn parse(version_text: &str) -> (&str, Option<RunClaim>) {
+        let Some((version, meta)) = version_text.split_once("+run.") else {
+            return (version_text, None);
+        };
+        let mut parts = meta.split('.');
+        let claim = match (parts.next(), parts.next(), parts.next(), parts.next()) {
+            (Some(run), Some(prev), Some(ended), None) => {
+                match (run.parse(), prev.parse(), ended) {
+                    (Ok(run), Ok(prev), "0" | "1") => {
+                        Some(RunClaim { run, prev, ended_prev: ended == "1" })
+                    }
+                    _ => None,
+                }
+            }
+            _ => None,
+        };
+        (version, claim)
+    }
+}
+
+/// How a new session takes an entry over from the run that spoke for it (`speaking`: 0 when
+/// the oracle does not know it: a new entry, or the oracle restarted since).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Takeover {
+    /// The oracle does not know which run spoke: the new one is taken at its word.
+    Unknown,
+    /// The same run again (its connection made again, its worker restarted).
+    Same,
+    /// A run of the same cluster that proves the speaking run ended (a clean restart, a
+    /// promotion): the entry moves as the new run reports.
+    Succeeds,
+    /// Nothing proves the speaking run ended: a copy of the member started beside it, or a
+    /// restart after a crash, look the same. The entry is held where it is.
+    Unproven,
+}
+
+/// How a session claiming `claim` (`None`: it claims nothing) takes over from `speaking`.
+pub fn takeover(speaking: u64, claim: Option<RunClaim>) -> Takeover {
+    match claim {
+        _ if speaking == 0 => Takeover::Unknown,
+        Some(c) if c.run == speaking => Takeover::Same,
+        Some(c) if c.prev == speaking && c.ended_prev => Takeover::Succeeds,
+        _ => Takeover::Unproven,
+    }
+}
+
+/// The hold on an entry after a takeover: an unproven one holds the entry at what it holds
+/// (the last report of the run that spoke, or an earlier hold); any other keeps the hold it
+/// had. Only a superuser releases a hold (`tso_fleet_admit`).
+pub fn hold_after(how: Takeover, entry: MemberEntry, held_at: Option<u64>) -> Option<u64> {
+    match how {
+        Takeover::Unproven => Some(held_at.map_or(entry.resolved(), |h| h.min(entry.resolved()))),
+        _ => held_at,
+    }
+}
+
+/// A report of `resolved` on an entry held at `held_at`: never raised above the hold. `true`
+/// when the entry moved.
+pub fn report_held(entry: &mut MemberEntry, resolved: u64, held_at: Option<u64>) -> bool {
+    entry.report(held_at.map_or(resolved, |h| resolved.min(h)))
+}
+
 /// The most members `tsoracle.max_members` may admit, and its default.
 pub const MAX_MEMBERS_LIMIT: usize = 10_000;
 pub const MAX_MEMBERS_DEFAULT: usize = 64;
@@ -134,6 +218,34 @@ mod tests {
     }
 
     #[test]
+    fn a_copy_is_held_and_a_clean_restart_is_not() {
+        let (run, next) = (1_000, 2_000);
+        let clean = RunClaim { run: next, prev: run, ended_prev: true };
+        assert_eq!(takeover(run, Some(clean)), Takeover::Succeeds);
+        // A snapshot copy: same predecessor, no proof it ended.
+        assert_eq!(
+            takeover(run, Some(RunClaim { ended_prev: false, ..clean })),
+            Takeover::Unproven
+        );
+        // A cold copy of a stopped member, after the original started again: another prev.
+        assert_eq!(takeover(next, Some(RunClaim { run: 3_000, ..clean })), Takeover::Unproven);
+        assert_eq!(
+            takeover(run, Some(RunClaim { run, prev: 7, ended_prev: false })),
+            Takeover::Same
+        );
+        assert_eq!(takeover(run, None), Takeover::Unproven);
+        assert_eq!(takeover(0, None), Takeover::Unknown);
+        let mut e = MemberEntry::new(50);
+        let held = hold_after(Takeover::Unproven, e, None);
+        assert_eq!(held, Some(50));
+        assert!(!report_held(&mut e, 80, held), "held at 50");
+        assert_eq!(e.resolved(), 50);
+        assert_eq!(RunClaim::parse("0.6.0"), ("0.6.0", None));
+        assert_eq!(RunClaim::parse("0.6.0+run.1.2.3"), ("0.6.0", None));
+        assert_eq!(RunClaim::parse(&clean.version_text("0.6.0")), ("0.6.0", Some(clean)));
+    }
+
+    #[test]
     fn the_lowest_of_the_oracle_and_its_members() {
         assert_eq!(fleet_resolved(100, []), 100, "no member: the oracle's own R");
         let m = [MemberEntry::new(70), MemberEntry::new(40)];
@@ -161,6 +273,50 @@ mod tests {
     }
 
     proptest! {
+        /// After an unproven takeover, no report of any run raises the entry above what it
+        /// held when the takeover came, whatever takeovers follow, until the hold is
+        /// released: the value the old run still holds stays above `R_f`.
+        #[test]
+        fn an_unproven_takeover_holds_the_entry_for_good(
+            start in 0u64..1_000_000,
+            steps in proptest::collection::vec(
+                (0u64..2_000_000, proptest::option::of((1u64..5, 0u64..5, any::<bool>()))),
+                1..40,
+            ),
+        ) {
+            let mut entry = MemberEntry::new(start);
+            let mut held = None;
+            let mut speaking = 1u64;
+            let mut ceiling = u64::MAX;
+            for (report, claim) in steps {
+                if let Some((run, prev, ended_prev)) = claim {
+                    let c = RunClaim { run, prev, ended_prev };
+                    let how = takeover(speaking, Some(c));
+                    held = hold_after(how, entry, held);
+                    if how == Takeover::Unproven {
+                        ceiling = ceiling.min(entry.resolved());
+                        prop_assert_eq!(held, Some(ceiling));
+                    }
+                    speaking = run;
+                }
+                report_held(&mut entry, report, held);
+                prop_assert!(entry.resolved() <= ceiling);
+                if held.is_none() {
+                    prop_assert_eq!(ceiling, u64::MAX, "a hold is never dropped by a takeover");
+                }
+            }
+        }
+
+        /// A claim survives the hello's version text, and the version is read as before.
+        #[test]
+        fn a_claim_round_trips_through_the_version_text(
+            run in any::<u64>(), prev in any::<u64>(), ended_prev in any::<bool>(),
+        ) {
+            let c = RunClaim { run, prev, ended_prev };
+            let text = c.version_text("0.6.0");
+            prop_assert_eq!(RunClaim::parse(&text), ("0.6.0", Some(c)));
+        }
+
         /// A model: members obtain values from one counter and hold them in open
         /// transactions; each reports its true R now and then, possibly late. Every R_f
         /// published is below every value still held anywhere, and never decreases.

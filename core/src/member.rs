@@ -293,6 +293,15 @@ impl MemberIdentity {
         self.timeline != Some(timeline) && refused_for_ms >= wait_ms
     }
 
+    /// Whether this cluster, now on `timeline`, proves that the run its own table named before
+    /// this one (its predecessor) has ended, for the oracle (`tsoracle_core::fleet::RunClaim`):
+    /// it started from a clean shutdown (`clean_start`), or it was promoted since it last
+    /// registered (its old primary deposed). A copy started from a snapshot of a running
+    /// member proves neither.
+    pub fn proves_predecessor_ended(&self, clean_start: bool, timeline: u32) -> bool {
+        clean_start || self.timeline.is_some_and(|t| t != timeline)
+    }
+
     /// A new identity from `random`: never 0 (no member), this one, or `system_id` (the
     /// identity of every copy that has not taken its own).
     pub fn fresh(&self, system_id: u64, random: u64) -> u64 {
@@ -309,6 +318,16 @@ mod tests {
     use super::*;
     use crate::timestamp::{pack, physical_ms, MAX_LOGICAL};
     use proptest::prelude::*;
+
+    #[test]
+    fn only_a_clean_start_or_a_promotion_proves_the_predecessor_ended() {
+        let kept = MemberIdentity { id: 7, timeline: Some(1) };
+        assert!(kept.proves_predecessor_ended(true, 1), "a clean restart");
+        assert!(kept.proves_predecessor_ended(false, 2), "promoted since it registered");
+        assert!(!kept.proves_predecessor_ended(false, 1), "a snapshot copy, or a crash");
+        let never = MemberIdentity { id: 7, timeline: None };
+        assert!(!never.proves_predecessor_ended(false, 2), "never registered: nothing to prove");
+    }
 
     #[test]
     fn a_member_that_fetched_nothing_accepts_anything() {

@@ -8,7 +8,9 @@ use crate::shmem::fleet::{MemberSlot, Slots, FLEET};
 use crate::shmem::{self};
 use pgrx::pg_sys;
 use std::cell::Cell;
-use tsoracle_core::fleet::{first_entry, may_take_over};
+use tsoracle_core::fleet::{
+    first_entry, hold_after, may_take_over, report_held, takeover, RunClaim, Takeover,
+};
 
 thread_local! {
     /// The member this session registered (its system identifier), after its hello.
@@ -26,10 +28,12 @@ fn my_pid() -> i32 {
 }
 
 /// Register the member `system_id` for this session (its hello), its own `R` being `reported`
-/// (0: none yet). A member seen before keeps its entry; a new one starts below everything the
-/// oracle will issue (`tsoracle_core::fleet::first_entry`). Only the role that registered a
-/// member may speak for it.
-pub fn register(system_id: u64, reported: u64) -> Result<(), TsoError> {
+/// (0: none yet), the run of its cluster it speaks for being `claim`. A member seen before
+/// keeps its entry; a new one starts below everything the oracle will issue
+/// (`tsoracle_core::fleet::first_entry`). Only the role that registered a member may speak for
+/// it. A run that takes the entry over without proving that the run before it ended
+/// (`tsoracle_core::fleet::takeover`) holds the entry where it is until a superuser releases it.
+pub fn register(system_id: u64, reported: u64, claim: Option<RunClaim>) -> Result<(), TsoError> {
     let signals = shmem::signals()?;
     let role = session_role();
     let mut fleet = FLEET.exclusive();
@@ -64,6 +68,21 @@ pub fn register(system_id: u64, reported: u64) -> Result<(), TsoError> {
                     pid: m.session_pid,
                 });
             }
+            let how = takeover(m.run, claim);
+            let held = hold_after(how, m.entry(), m.held_at);
+            if how == Takeover::Unproven && m.held_at.is_none() {
+                pgrx::warning!(
+                    "tsoracle fleet: member {} is now spoken for by another run of its cluster (started at {} µs, after {}), which does not prove that the run before it (started at {} µs) has ended: a copy of the member started beside it, or a restart after a crash; its entry is held at {} until a superuser who knows that run has ended runs SELECT tso_fleet_admit({}) on the oracle",
+                    system_id as i64,
+                    claim.map_or(0, |c| c.run),
+                    claim.map_or(0, |c| c.prev),
+                    m.run,
+                    m.resolved,
+                    system_id as i64
+                );
+            }
+            m.held_at = held;
+            m.run = claim.map_or(0, |c| c.run);
             m.session_pid = my_pid();
             m.heard_mono_ms = now;
         }
@@ -87,6 +106,8 @@ pub fn register(system_id: u64, reported: u64) -> Result<(), TsoError> {
                 removing: false,
                 removed: false,
                 admitting: false,
+                run: claim.map_or(0, |c| c.run),
+                held_at: None,
             };
             drop(fleet);
             // The worker makes it durable at its next turn.
@@ -140,7 +161,7 @@ pub fn report(resolved: u64, held_by_pid: i32) -> Result<(), TsoError> {
         )));
     }
     let mut entry = m.entry();
-    entry.report(resolved);
+    report_held(&mut entry, resolved, m.held_at);
     m.resolved = entry.resolved();
     m.held_by_pid = held_by_pid;
     m.reported_ms = clock::now_ms();
@@ -188,7 +209,9 @@ pub fn remove(system_id: u64) -> Result<bool, TsoError> {
 
 /// Re-admit member `system_id`, removed before (superusers only, checked by the caller): the
 /// worker deletes its row, and its next connection registers it anew (below everything the
-/// oracle issues from then on). `false` when it is not a removed member.
+/// oracle issues from then on). On a member whose entry is held since an unproven takeover
+/// ([`register`]): release the hold, the superuser having made sure the run before it ended.
+/// `false` when it is neither.
 pub fn admit(system_id: u64) -> Result<bool, TsoError> {
     let signals = shmem::signals()?;
     {
@@ -196,6 +219,15 @@ pub fn admit(system_id: u64) -> Result<bool, TsoError> {
         let Some(i) = fleet.find(system_id) else { return Ok(false) };
         let m = &mut fleet.members_mut()[i];
         if !m.removed {
+            if m.holds() && m.held_at.is_some() {
+                pgrx::log!(
+                    "tsoracle fleet: member {} released from its hold at {} by a superuser",
+                    system_id as i64,
+                    m.resolved
+                );
+                m.held_at = None;
+                return Ok(true);
+            }
             return Ok(false);
         }
         m.admitting = true;

@@ -55,3 +55,32 @@ pub fn system_identifier() -> u64 {
     // SAFETY: a read of the control file's copy in shared memory, valid in any backend.
     unsafe { pgrx::pg_sys::GetSystemIdentifier() }
 }
+
+/// Whether this server started from a clean shutdown, as its control file said when the
+/// library was preloaded (in the postmaster, before its startup process ran): read once by
+/// [`note_start`], inherited by every process the postmaster starts.
+static CLEAN_START: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Read, in the postmaster while it preloads the library, whether the cluster was shut down
+/// cleanly (`global/pg_control`, in the data directory, the postmaster's working directory).
+/// Anything unreadable counts as not clean: a member then proves less, never more
+/// (docs/fleet.md, "One run at a time").
+pub fn note_start() {
+    let offset = std::mem::offset_of!(pgrx::pg_sys::ControlFileData, state);
+    let clean = match std::fs::read("global/pg_control") {
+        Ok(bytes) => bytes
+            .get(offset..offset + 4)
+            .and_then(|b| <[u8; 4]>::try_from(b).ok())
+            .is_some_and(|b| u32::from_ne_bytes(b) == pgrx::pg_sys::DBState::DB_SHUTDOWNED),
+        Err(e) => {
+            pgrx::log!("tsoracle cannot read global/pg_control: {e}; not a clean start");
+            false
+        }
+    };
+    CLEAN_START.store(clean, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Whether this server started from a clean shutdown ([`note_start`]).
+pub fn clean_start() -> bool {
+    CLEAN_START.load(std::sync::atomic::Ordering::Relaxed)
+}

@@ -18,25 +18,33 @@ use tsoracle_core::fleet::MemberEntry;
 #[derive(Clone, Copy, Debug, Default)]
 #[repr(C)]
 pub struct MemberSlot {
-    pub used: bool,
     pub system_id: u64,
-    /// The role it registered as: only that role reports for it.
-    pub role: u32,
     /// The highest `R` it reported (its entry in `R_f`).
     pub resolved: u64,
-    /// What holds its `R` on the member: the pid of its oldest holder (0: none reported).
-    pub held_by_pid: i32,
     /// Wall ms of its registration and of its last report (0: none yet).
     pub registered_ms: u64,
     pub reported_ms: u64,
-    /// The oracle's server process of its connection now (0: none), and when that session
-    /// was last heard from (hello or report), on the monotonic clock (`clock::mono_ms`).
-    pub session_pid: i32,
+    /// When its session (`session_pid`) was last heard from (hello or report), on the
+    /// monotonic clock (`clock::mono_ms`).
     pub heard_mono_ms: u64,
-    /// Its registration is durable: it may be served timestamps.
-    pub persisted: bool,
     /// The `resolved` the table holds (the worker writes it again when it moved).
     pub persisted_resolved: u64,
+    /// The run of the member's cluster that speaks for it (`tsoracle_core::fleet::RunClaim`;
+    /// 0: not known, in this oracle's memory only).
+    pub run: u64,
+    /// Held here since a run took the entry over without proving the one before had ended
+    /// (`tsoracle_core::fleet::hold_after`): no report raises it above, until a superuser
+    /// releases it (`tso_fleet_admit`). In this oracle's memory only.
+    pub held_at: Option<u64>,
+    /// The role it registered as: only that role reports for it.
+    pub role: u32,
+    /// What holds its `R` on the member: the pid of its oldest holder (0: none reported).
+    pub held_by_pid: i32,
+    /// The oracle's server process of its connection now (0: none).
+    pub session_pid: i32,
+    pub used: bool,
+    /// Its registration is durable: it may be served timestamps.
+    pub persisted: bool,
     /// A superuser removed it: the worker marks its row removed (`removed_at`), then `removed`.
     pub removing: bool,
     /// Removed durably: it holds nothing, and is refused until a superuser re-admits it.
@@ -212,6 +220,7 @@ fn layout(slots: usize) -> (usize, usize) {
 
 // The bytes of shared memory a slot and the header take, as docs/reference/fleet.md gives
 // them (96 per member, 48 + 8 for the block): a change of either is a change of those docs.
+// The fields of a slot are ordered by size, so that they take no padding but the last.
 const _: () = assert!(std::mem::size_of::<MemberSlot>() == 96);
 const _: () = assert!(std::mem::size_of::<FleetHeader>() == 48);
 

@@ -34,13 +34,15 @@ fn hello(
             "the member and the oracle are the same cluster (system identifier {own}): tsoracle.oracle must name another cluster"
         )));
     }
+    // The run it speaks for rides after the version (`tsoracle_core::fleet::RunClaim`).
+    let (member_version, claim) = tsoracle_core::fleet::RunClaim::parse(member_version);
     let own_version =
         Version::parse(crate::pg::EXTENSION_VERSION).map_err(TsoError::VersionSkew)?;
     let spoken = Version::parse(member_version)
         .and_then(|member| oracle_speaks(own_version, member))
         .map_err(TsoError::VersionSkew)?;
     // Registered (or found again) before it is served anything: R_f waits for it from now on.
-    fleet::register(member_system_id as u64, member_resolved.max(0) as u64)?;
+    fleet::register(member_system_id as u64, member_resolved.max(0) as u64, claim)?;
     let epoch = ORACLE.share().allocator.epoch().unwrap_or(0);
     if spoken != own_version.protocol() {
         pgrx::log!(

@@ -81,6 +81,8 @@ fn load() -> Result<(Vec<MemberSlot>, u64), pgrx::spi::Error> {
                 removing: false,
                 removed: row.get::<bool>(7)?.unwrap_or(false),
                 admitting: false,
+                run: 0,
+                held_at: None,
             });
         }
         let published = client

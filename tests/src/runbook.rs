@@ -329,6 +329,9 @@ pub const LEAVE_STEPS: &[(u32, &str)] = &[(1, "sh"), (2, "sh"), (3, "sh")];
 pub const PITR_STEPS: &[(u32, &str)] = &[(1, "sh"), (2, "ini"), (3, "sh")];
 pub const SETUP_STEPS: &[(u32, &str)] = &[(1, "sql"), (2, "sh"), (3, "ini")];
 pub const REMOVE_STEPS: &[(u32, &str)] = &[(1, "sh"), (2, "sh"), (3, "sh"), (4, "sh"), (5, "sh")];
+/// A member's entry taken back from a copy (take-back.md): driven by
+/// `tests/tests/fleet_members.rs`.
+pub const TAKE_BACK_STEPS: &[(u32, &str)] = &[(1, "sh"), (2, "sh"), (3, "sh"), (4, "sh")];
 /// The blue/green switchover (logical-replication.md): `tso_handover()` on blue, way (a)'s
 /// `tso_seed()` on green, way (b)'s dump and restore; driven by `tests/tests/bluegreen.rs`.
 pub const SWITCHOVER_STEPS: &[(u32, &str)] = &[(1, "sh"), (2, "sh"), (3, "sh")];
@@ -361,6 +364,7 @@ pub const BOOKS: &[(&str, &str, Steps)] = &[
     ("fleet/oracle-pitr.md", "oracle-pitr", PITR_STEPS),
     ("fleet/set-up.md", "set-up", SETUP_STEPS),
     ("fleet/remove-a-member.md", "remove-a-member", REMOVE_STEPS),
+    ("fleet/take-back.md", "take-back", TAKE_BACK_STEPS),
     ("fleet/pg-upgrade.md", "pg-upgrade-oracle", PG_UPGRADE_ORACLE_STEPS),
     ("fleet/member-upgrade.md", "minor-upgrade", MINOR_UPGRADE_STEPS),
     ("fleet/oracle-failover.md", "move-oracle", MOVE_ORACLE_STEPS),

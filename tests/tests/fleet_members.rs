@@ -18,6 +18,13 @@
 //!   the same epoch once the member's `R` has passed its lowest stamp, comes back renewed: its
 //!   `ts_lower_bound` above the member's `R`.
 //!
+//! - an unpromoted copy of a member (its files copied while it runs, started as a primary on
+//!   the same timeline) that takes the member's entry over while the original's session is
+//!   silent and the original holds a value: the entry is held, `R_f` stays below the value
+//!   until a superuser releases it; a clean restart of the member is not held;
+//! - a member whose identity a promoted copy captured while it was down is refused `55006`,
+//!   and takes its entry back by docs/operations/fleet/take-back.md, run as written.
+//!
 //! Run with: `cargo test -p tsoracle-tests --test fleet_members -- --test-threads=2`
 
 use std::time::{Duration, Instant};
@@ -27,6 +34,7 @@ use tsoracle_tests::cluster::{make_sync, promote, wait_replayed};
 use tsoracle_tests::fleet::{
     admit_members, copy_between, member, member_opts, oracle_conninfo, MEMBER_ROLE,
 };
+use tsoracle_tests::runbook::{run_step, vars, Runbook, TAKE_BACK_STEPS};
 use tsoracle_tests::tso::now_ms;
 use tsoracle_tests::{pg_error_string, poll_until, serving_node, Node, NodeOpts, StopMode};
 
@@ -315,4 +323,150 @@ fn a_lease_whose_answer_was_lost_comes_back_above_r() {
         r >> 18
     );
     assert!(lb << 18 > r_after, "R {r_after} passed the lease's lowest stamp {lb} ms");
+}
+
+/// An unpromoted copy of a member (its files copied while it runs, started as a primary on
+/// the same timeline) takes the member's entry over once the original's session falls silent
+/// (its worker paused past `tsoracle.extension_timeout_ms`), while the original holds a value
+/// in an open transaction: the entry is held at the original's last report, so `R_f` never
+/// passes that value, across the original coming back; a superuser releases the hold
+/// (`tso_fleet_admit`) once the copy is gone. A clean restart of the member is not held.
+#[test]
+fn an_unpromoted_copy_never_lets_r_f_pass_what_its_original_holds() {
+    let oracle = serving_node("copy-oracle", NodeOpts::new());
+    admit_members(&oracle);
+    let mut m = member("copy-m", &oracle_conninfo(&[oracle.port()], MEMBER_ROLE));
+    let id: i64 = m
+        .connect()
+        .query_one("SELECT system_identifier FROM pg_control_system()", &[])
+        .unwrap()
+        .get(0);
+    let mut o = oracle.connect();
+    let rf = |o: &mut postgres::Client| -> i64 {
+        o.query_one("SELECT tso_fleet_resolved()", &[]).unwrap().get(0)
+    };
+    // A clean restart: its entry moves past what it takes afterwards (not held).
+    let _: i64 = m.connect().query_one("SELECT tso_next()", &[]).unwrap().get(0);
+    m.restart(StopMode::Fast).expect("a clean restart of the member");
+    let after: i64 = poll_until("served after a clean restart", Duration::from_secs(30), || {
+        m.connect().query_one("SELECT tso_next()", &[]).ok().map(|r| r.get(0))
+    });
+    poll_until("R_f passes a value taken after the restart", Duration::from_secs(20), || {
+        let _: i64 = m.connect().query_one("SELECT tso_next()", &[]).unwrap().get(0);
+        (rf(&mut o) >= after).then_some(())
+    });
+
+    let mut holder = m.connect();
+    holder.batch_execute("BEGIN").unwrap();
+    let held: i64 = holder.query_one("SELECT tso_next()", &[]).unwrap().get(0);
+    let mut copy = Node::base_backup_from(&m, "copy-c").expect("pg_basebackup of the member");
+    // Started as a primary, not as a standby: the snapshot's crash recovery, same timeline.
+    std::fs::remove_file(copy.datadir().join("standby.signal")).expect("no standby.signal");
+    let worker = m.worker_pid();
+    m.pause_pid(worker, true);
+    std::thread::sleep(Duration::from_millis(3500));
+    copy.start().expect("start the copy as a primary");
+    let timeline: i32 = copy
+        .connect()
+        .query_one("SELECT timeline_id FROM pg_control_checkpoint()", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(timeline, 1, "the copy was not promoted");
+    let served: i64 = poll_until("the copy is served", Duration::from_secs(30), || {
+        copy.connect().query_one("SELECT tso_next()", &[]).ok().map(|r| r.get(0))
+    });
+    assert!(served > held);
+    for _ in 0..12 {
+        let _: i64 = copy.connect().query_one("SELECT tso_next()", &[]).unwrap().get(0);
+        let now = rf(&mut o);
+        assert!(now < held, "R_f {now} passed {held}, which the original still holds");
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    assert!(
+        oracle.log_contents().contains("does not prove that the run before it"),
+        "the oracle says why the entry is held: {}",
+        oracle.log_tail(20)
+    );
+    // The copy gone, the original back: still held, until a superuser releases it.
+    copy.stop(StopMode::Immediate).expect("stop the copy");
+    m.pause_pid(worker, false);
+    holder.batch_execute("COMMIT").unwrap();
+    poll_until("the original is served again", Duration::from_secs(30), || {
+        m.connect().query_one("SELECT tso_next()", &[]).ok().map(|r| r.get::<_, i64>(0))
+    });
+    for _ in 0..4 {
+        let _: i64 = m.connect().query_one("SELECT tso_next()", &[]).unwrap().get(0);
+        let now = rf(&mut o);
+        assert!(now < held, "R_f {now} moved past the hold before a superuser released it");
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    let released: bool =
+        o.query_one("SELECT tso_fleet_admit($1)", &[&id]).expect("tso_fleet_admit").get(0);
+    assert!(released, "tso_fleet_admit() releases a held entry");
+    poll_until("R_f passes the value once released", Duration::from_secs(20), || {
+        let _: i64 = m.connect().query_one("SELECT tso_next()", &[]).unwrap().get(0);
+        (rf(&mut o) >= held).then_some(())
+    });
+}
+
+/// A member whose identity a promoted copy captured while it was down for a restart is
+/// refused `55006` while the copy speaks; docs/operations/fleet/take-back.md, run as written,
+/// gives it its entry back: the copy stopped, the member served again, its entry released.
+#[test]
+fn a_member_whose_identity_a_promoted_copy_captured_takes_it_back_by_the_runbook() {
+    let book = Runbook::load("fleet/take-back.md", "take-back");
+    book.expect_steps(TAKE_BACK_STEPS);
+    let oracle = serving_node("tb-oracle", NodeOpts::new());
+    admit_members(&oracle);
+    let mut m = member("tb-m", &oracle_conninfo(&[oracle.port()], MEMBER_ROLE));
+    let before: i64 = m.connect().query_one("SELECT tso_next()", &[]).unwrap().get(0);
+    let mut copy = Node::base_backup_from(&m, "tb-copy").expect("pg_basebackup");
+    copy.start().expect("start the copy");
+    wait_replayed(&m, &copy).expect("replayed");
+    m.stop(StopMode::Fast).expect("the member stops for a restart");
+    promote(&copy).expect("promote the copy");
+    poll_until("the copy is served under the member's identity", Duration::from_secs(60), || {
+        copy.connect().query_one("SELECT tso_next()", &[]).ok().map(|r| r.get::<_, i64>(0))
+    });
+    m.start().expect("the member starts again");
+    poll_until("the member is refused 55006", Duration::from_secs(30), || {
+        let e: Option<String> = m
+            .connect()
+            .query_one("SELECT last_error FROM tso_member_status()", &[])
+            .unwrap()
+            .get(0);
+        e.filter(|e| e.contains("55006"))
+    });
+    assert!(m.connect().query_one("SELECT tso_next()", &[]).is_err(), "not served");
+
+    // Its identity, as the page says to read it on the member.
+    let id: i64 = m
+        .connect()
+        .query_one("SELECT member_id FROM tsoracle.member_identity", &[])
+        .unwrap()
+        .get(0);
+    let mut v = vars(&[("ORACLE", &oracle), ("MEMBER", &m)]);
+    v.push(("MEMBER_ID", id.to_string()));
+    v.push(("COPY_PGDATA", copy.datadir().display().to_string()));
+    let speaking = run_step(book.step(1), &oracle, &v);
+    assert!(speaking.contains(&id.to_string()), "{speaking}");
+    // Step 2 is a `pg_ctl stop`, which refuses to run as root (as these tests may): the
+    // harness stops the copy the same way.
+    assert!(book.step(2).text.contains("pg_ctl stop -D \"$COPY_PGDATA\" -m fast"));
+    copy.stop(StopMode::Fast).expect("stop the copy for good");
+    poll_until("the member is served again", Duration::from_secs(30), || {
+        (run_step(book.step(3), &m, &v).trim() == "t").then_some(())
+    });
+    let after: i64 = poll_until("it hands out values again", Duration::from_secs(30), || {
+        m.connect().query_one("SELECT tso_next()", &[]).ok().map(|r| r.get(0))
+    });
+    assert!(after > before);
+    let released = run_step(book.step(4), &oracle, &v);
+    assert!(released.contains(" t"), "its entry was held, and is released: {released}");
+    let mut o = oracle.connect();
+    poll_until("R_f passes what the member took", Duration::from_secs(20), || {
+        let _: i64 = m.connect().query_one("SELECT tso_next()", &[]).unwrap().get(0);
+        let rf: i64 = o.query_one("SELECT tso_fleet_resolved()", &[]).unwrap().get(0);
+        (rf >= after).then_some(())
+    });
 }

@@ -9,6 +9,7 @@ use crate::pg::libpq::RemoteError;
 use crate::pg::xact::sql_transaction;
 use pgrx::prelude::*;
 use std::time::Instant;
+use tsoracle_core::fleet::RunClaim;
 use tsoracle_core::member::MemberIdentity;
 
 /// The oracle's SQLSTATE for a hello whose identity another live session speaks for.
@@ -16,6 +17,10 @@ const IN_USE: &str = "55006";
 
 pub(super) struct Identity {
     kept: MemberIdentity,
+    /// This run (this postmaster's start, in µs since 1970), and the run the table named
+    /// before it began (0: none): kept in `updated_at` (docs/fleet.md, "One run at a time").
+    run: u64,
+    prev: u64,
     /// Since when the oracle has refused it as in use, without a hello answered between.
     refused_since: Option<Instant>,
 }
@@ -31,7 +36,39 @@ fn timeline() -> u32 {
 impl Identity {
     /// What the member's table holds (`None`: shutting down).
     pub(super) fn load() -> Option<Identity> {
-        crate::worker::state::read_at_start(Self::read)
+        crate::worker::state::read_at_start(|| {
+            let mut identity = Self::read()?;
+            identity.mark_run()?;
+            Ok(identity)
+        })
+    }
+
+    /// This run named durably in the member's row before any hello names it, so that the
+    /// next run of this cluster names it as its predecessor (a worker restarted in the same
+    /// run finds it there already).
+    fn mark_run(&mut self) -> Result<(), String> {
+        if self.kept.timeline.is_none() || self.prev == self.run {
+            // No row yet: the first registration writes it, with this run.
+            return Ok(());
+        }
+        super::oracle::durable_transaction(
+            "cannot keep this run in tsoracle.member_identity",
+            || {
+                Spi::run(
+                    "UPDATE tsoracle.member_identity SET updated_at = pg_catalog.pg_postmaster_start_time()",
+                )
+            },
+        )
+    }
+
+    /// What the hello says of this run: the one before it, and whether this cluster proves
+    /// that run ended (`MemberIdentity::proves_predecessor_ended`).
+    pub(super) fn claim(&self) -> RunClaim {
+        RunClaim {
+            run: self.run,
+            prev: self.prev,
+            ended_prev: self.kept.proves_predecessor_ended(crate::pg::clean_start(), timeline()),
+        }
     }
 
     /// What the member's table holds (no row: the system identifier, on no known timeline).
@@ -40,19 +77,39 @@ impl Identity {
             Spi::connect(|client| {
                 let mut kept =
                     MemberIdentity { id: crate::pg::system_identifier(), timeline: None };
+                let micros = |t: &str| {
+                    format!(
+                        "(EXTRACT(epoch FROM {t}) OPERATOR(pg_catalog.*) 1000000)::pg_catalog.int8"
+                    )
+                };
+                let run = client
+                    .select(
+                        &format!("SELECT {}", micros("pg_catalog.pg_postmaster_start_time()")),
+                        None,
+                        &[],
+                    )?
+                    .first()
+                    .get_one::<i64>()?
+                    .unwrap_or(0);
+                let mut prev = 0;
                 for row in client.select(
-                    "SELECT member_id, timeline FROM tsoracle.member_identity",
+                    &format!(
+                        "SELECT member_id, timeline, {} FROM tsoracle.member_identity",
+                        micros("updated_at")
+                    ),
                     None,
                     &[],
                 )? {
                     if let (Some(id), Some(tl)) = (row.get::<i64>(1)?, row.get::<i64>(2)?) {
                         kept = MemberIdentity { id: id as u64, timeline: u32::try_from(tl).ok() };
+                        prev = row.get::<i64>(3)?.unwrap_or(0);
                     }
                 }
-                Ok(kept)
+                Ok((kept, run.max(0) as u64, prev.max(0) as u64))
             })
         })?;
-        Ok(Identity { kept, refused_since: None })
+        let (kept, run, prev) = kept;
+        Ok(Identity { kept, run, prev, refused_since: None })
     }
 
     /// The identity the hello names.
@@ -66,9 +123,10 @@ impl Identity {
             "cannot keep this member's identity in tsoracle.member_identity",
             || {
                 Spi::run_with_args(
-                    "INSERT INTO tsoracle.member_identity AS m (id, member_id, timeline) \
-                 VALUES (true, $1, $2) ON CONFLICT (id) DO UPDATE SET member_id = \
-                 EXCLUDED.member_id, timeline = EXCLUDED.timeline, updated_at = pg_catalog.now()",
+                    "INSERT INTO tsoracle.member_identity AS m (id, member_id, timeline, updated_at) \
+                 VALUES (true, $1, $2, pg_catalog.pg_postmaster_start_time()) ON CONFLICT (id) DO UPDATE SET member_id = \
+                 EXCLUDED.member_id, timeline = EXCLUDED.timeline, \
+                 updated_at = pg_catalog.pg_postmaster_start_time()",
                     &[(id as i64).into(), i64::from(timeline).into()],
                 )
             },

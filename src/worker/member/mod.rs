@@ -341,7 +341,8 @@ impl Proxy {
             HELLO,
             &[
                 system_id.to_string(),
-                crate::pg::EXTENSION_VERSION.to_string(),
+                // The run it speaks for, after the version (`tsoracle_core::fleet::RunClaim`).
+                self.identity.claim().version_text(crate::pg::EXTENSION_VERSION),
                 resolved.to_string(),
             ],
         )?;
