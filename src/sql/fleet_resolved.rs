@@ -27,7 +27,9 @@ fn tso_fleet_remove(system_id: i64) -> bool {
 }
 
 /// Re-admit member `system_id`, removed before by `tso_fleet_remove()` (superusers only): its
-/// next connection registers it anew. `false` when it is not a removed member.
+/// next connection registers it anew. Or release its entry, held after a run took it over
+/// without proving the run before it ended (docs/operations/fleet/take-back.md). `false`
+/// when it is neither.
 #[pg_extern(volatile, parallel_unsafe, strict)]
 fn tso_fleet_admit(system_id: i64) -> bool {
     check_superuser("re-admit a member to the fleet")
