@@ -73,9 +73,13 @@ CREATE TABLE tsoracle.fleet_member (
     held_by_pid   integer,
     registered_at timestamptz NOT NULL,
     reported_at   timestamptz,
-    removed_at    timestamptz
+    removed_at    timestamptz,
+    run           bigint NOT NULL DEFAULT 0 CHECK (run >= 0),
+    held_at       bigint CHECK (held_at >= 0)
 );
 COMMENT ON TABLE tsoracle.fleet_member IS 'The members of the fleet this oracle serves: each holds the fleet-wide resolved timestamp at or below the highest resolved timestamp it reported, until it reports a higher one or a superuser removes it (tso_fleet_remove). A removed member (removed_at) holds nothing and is refused until a superuser re-admits it (tso_fleet_admit).';
+COMMENT ON COLUMN tsoracle.fleet_member.run IS 'The run of the member''s cluster that speaks for it (its postmaster''s start, in microseconds; 0: not known), so that after the oracle''s restart or failover a run that does not prove this one ended is still held.';
+COMMENT ON COLUMN tsoracle.fleet_member.held_at IS 'Where the entry is held since a run took it over without proving the one before had ended (NULL: not held): no report raises it above, until a superuser runs tso_fleet_admit(system_id).';
 CREATE TABLE tsoracle.fleet_resolved (
     id         boolean PRIMARY KEY DEFAULT true CHECK (id),
     ts         bigint NOT NULL CHECK (ts >= 0),

@@ -81,10 +81,21 @@ pub fn register(system_id: u64, reported: u64, claim: Option<RunClaim>) -> Resul
                     system_id as i64
                 );
             }
+            let run = claim.map_or(0, |c| c.run);
+            let moved = m.held_at != held || m.run != run;
+            if moved {
+                // Kept before this session is served (`check_served`): the oracle's restart
+                // or failover must not forget which run speaks, nor the hold.
+                m.persisted = false;
+            }
             m.held_at = held;
-            m.run = claim.map_or(0, |c| c.run);
+            m.run = run;
             m.session_pid = my_pid();
             m.heard_mono_ms = now;
+            drop(fleet);
+            if moved {
+                signals.wake_worker();
+            }
         }
         None => {
             let Some(i) = fleet.free() else {
@@ -207,11 +218,22 @@ pub fn remove(system_id: u64) -> Result<bool, TsoError> {
     })
 }
 
+/// Wait until what changed in member `system_id`'s slot is durable (its row written again).
+fn wait_persisted(system_id: u64, what: &'static str) -> Result<bool, TsoError> {
+    // The worker wakes no one when it is done: the wait looks again every 50 ms.
+    let done = super::requests::wait_on_latch(|| {
+        let fleet = FLEET.share();
+        Ok(fleet.find(system_id).is_none_or(|i| fleet.members()[i].persisted).then_some(()))
+    })?;
+    done.map(|()| true)
+        .ok_or(TsoError::WorkerTimeout { waited_ms: crate::pg::guc::extension_timeout_ms(), what })
+}
+
 /// Re-admit member `system_id`, removed before (superusers only, checked by the caller): the
 /// worker deletes its row, and its next connection registers it anew (below everything the
 /// oracle issues from then on). On a member whose entry is held since an unproven takeover
-/// ([`register`]): release the hold, the superuser having made sure the run before it ended.
-/// `false` when it is neither.
+/// ([`register`]): release the hold, the superuser having made sure the run before it ended,
+/// durably before this returns. `false` when it is neither.
 pub fn admit(system_id: u64) -> Result<bool, TsoError> {
     let signals = shmem::signals()?;
     {
@@ -226,7 +248,13 @@ pub fn admit(system_id: u64) -> Result<bool, TsoError> {
                     m.resolved
                 );
                 m.held_at = None;
-                return Ok(true);
+                m.persisted = false;
+                drop(fleet);
+                signals.wake_worker();
+                return wait_persisted(
+                    system_id,
+                    "release the member's hold in tsoracle.fleet_member",
+                );
             }
             return Ok(false);
         }

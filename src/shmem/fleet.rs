@@ -30,11 +30,12 @@ pub struct MemberSlot {
     /// The `resolved` the table holds (the worker writes it again when it moved).
     pub persisted_resolved: u64,
     /// The run of the member's cluster that speaks for it (`tsoracle_core::fleet::RunClaim`;
-    /// 0: not known, in this oracle's memory only).
+    /// 0: not known). Kept in `tsoracle.fleet_member.run`: a change is durable before the
+    /// member is served again (`persisted` is cleared).
     pub run: u64,
     /// Held here since a run took the entry over without proving the one before had ended
     /// (`tsoracle_core::fleet::hold_after`): no report raises it above, until a superuser
-    /// releases it (`tso_fleet_admit`). In this oracle's memory only.
+    /// releases it (`tso_fleet_admit`). Kept in `tsoracle.fleet_member.held_at`, like `run`.
     pub held_at: Option<u64>,
     /// The role it registered as: only that role reports for it.
     pub role: u32,
@@ -131,6 +132,14 @@ fn merge(header: &mut FleetHeader, members: &mut [MemberSlot], rows: &[MemberSlo
     for row in rows {
         if let Some(m) = members.iter_mut().find(|m| m.used && m.system_id == row.system_id) {
             m.resolved = m.resolved.max(row.resolved);
+            // A hold kept in the table stays, at the lower of the two.
+            m.held_at = match (m.held_at, row.held_at) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            if m.run == 0 {
+                m.run = row.run;
+            }
         } else if let Some(m) = members.iter_mut().find(|m| !m.used) {
             *m = *row;
         } else {

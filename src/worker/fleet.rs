@@ -6,7 +6,9 @@
 //! `R_f` is handed out (`tso_fleet_resolved()`) only once the transaction that wrote it has
 //! committed: a new primary starts from the persisted one and from the persisted entries, so
 //! `R_f` never goes down across a failover. A member is served no timestamp before its
-//! registration committed (`caller::fleet::check_served`).
+//! registration committed (`caller::fleet::check_served`), nor before the run that speaks
+//! for it and its hold (docs/fleet.md, "One run at a time") committed: the oracle's restart or
+//! failover forgets neither.
 
 use crate::shmem::fleet::{MemberSlot, Slots, FLEET};
 use pgrx::prelude::*;
@@ -58,7 +60,7 @@ fn load() -> Result<(Vec<MemberSlot>, u64), pgrx::spi::Error> {
             "SELECT system_id, role::pg_catalog.int8, resolved, COALESCE(held_by_pid, 0), \
                     (pg_catalog.date_part('epoch', registered_at) OPERATOR(pg_catalog.*) 1000)::pg_catalog.int8, \
                     COALESCE((pg_catalog.date_part('epoch', reported_at) OPERATOR(pg_catalog.*) 1000)::pg_catalog.int8, 0), \
-                    removed_at IS NOT NULL \
+                    removed_at IS NOT NULL, run, held_at \
              FROM tsoracle.fleet_member ORDER BY system_id",
             None,
             &[],
@@ -81,8 +83,8 @@ fn load() -> Result<(Vec<MemberSlot>, u64), pgrx::spi::Error> {
                 removing: false,
                 removed: row.get::<bool>(7)?.unwrap_or(false),
                 admitting: false,
-                run: 0,
-                held_at: None,
+                run: row.get::<i64>(8)?.unwrap_or(0).max(0) as u64,
+                held_at: row.get::<i64>(9)?.map(|h| h.max(0) as u64),
             });
         }
         let published = client
@@ -120,14 +122,16 @@ pub(super) fn write(own: u64) -> Result<Written, pgrx::spi::Error> {
             )?;
         } else {
             Spi::run_with_args(
-                "INSERT INTO tsoracle.fleet_member AS f (system_id, role, resolved, held_by_pid, registered_at, reported_at) \
+                "INSERT INTO tsoracle.fleet_member AS f (system_id, role, resolved, held_by_pid, registered_at, reported_at, run, held_at) \
                  VALUES ($1, $2::pg_catalog.int8::pg_catalog.oid, $3, NULLIF($4, 0), \
                          pg_catalog.to_timestamp($5 OPERATOR(pg_catalog./) 1000.0), \
-                         pg_catalog.to_timestamp(NULLIF($6, 0) OPERATOR(pg_catalog./) 1000.0)) \
+                         pg_catalog.to_timestamp(NULLIF($6, 0) OPERATOR(pg_catalog./) 1000.0), $7, $8) \
                  ON CONFLICT (system_id) DO UPDATE \
                  SET resolved = GREATEST(f.resolved, EXCLUDED.resolved), \
                      held_by_pid = EXCLUDED.held_by_pid, \
-                     reported_at = EXCLUDED.reported_at",
+                     reported_at = EXCLUDED.reported_at, \
+                     run = EXCLUDED.run, \
+                     held_at = EXCLUDED.held_at",
                 &[
                     (m.system_id as i64).into(),
                     i64::from(m.role).into(),
@@ -135,6 +139,8 @@ pub(super) fn write(own: u64) -> Result<Written, pgrx::spi::Error> {
                     m.held_by_pid.into(),
                     (m.registered_ms as i64).into(),
                     (m.reported_ms as i64).into(),
+                    (m.run.min(i64::MAX as u64) as i64).into(),
+                    m.held_at.map(|h| h.min(i64::MAX as u64) as i64).into(),
                 ],
             )?;
         }
@@ -165,7 +171,11 @@ pub(super) fn committed(w: Written, now_ms: u64) {
             slot.removed = true;
             slot.session_pid = 0;
         } else {
-            slot.persisted = true;
+            // Durable as written: unless a session changed its run or its hold meanwhile
+            // (`caller::fleet::register`, `admit`), which the next publication writes.
+            if slot.run == m.run && slot.held_at == m.held_at {
+                slot.persisted = true;
+            }
             slot.persisted_resolved = slot.persisted_resolved.max(m.resolved);
         }
     }

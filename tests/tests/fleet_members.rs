@@ -21,7 +21,8 @@
 //! - an unpromoted copy of a member (its files copied while it runs, started as a primary on
 //!   the same timeline) that takes the member's entry over while the original's session is
 //!   silent and the original holds a value: the entry is held, `R_f` stays below the value
-//!   until a superuser releases it; a clean restart of the member is not held;
+//!   until a superuser releases it, across the oracle's restart (the hold is kept in
+//!   `tsoracle.fleet_member`); a clean restart of the member is not held;
 //! - a member whose identity a promoted copy captured while it was down is refused `55006`,
 //!   and takes its entry back by docs/operations/fleet/take-back.md, run as written.
 //!
@@ -333,7 +334,7 @@ fn a_lease_whose_answer_was_lost_comes_back_above_r() {
 /// (`tso_fleet_admit`) once the copy is gone. A clean restart of the member is not held.
 #[test]
 fn an_unpromoted_copy_never_lets_r_f_pass_what_its_original_holds() {
-    let oracle = serving_node("copy-oracle", NodeOpts::new());
+    let mut oracle = serving_node("copy-oracle", NodeOpts::new());
     admit_members(&oracle);
     let mut m = member("copy-m", &oracle_conninfo(&[oracle.port()], MEMBER_ROLE));
     let id: i64 = m
@@ -387,8 +388,22 @@ fn an_unpromoted_copy_never_lets_r_f_pass_what_its_original_holds() {
         "the oracle says why the entry is held: {}",
         oracle.log_tail(20)
     );
-    // The copy gone, the original back: still held, until a superuser releases it.
+    // The hold is kept on the oracle, not only in its memory: its restart forgets neither
+    // the hold nor which run speaks.
+    let held_at = |o: &mut postgres::Client| -> Option<i64> {
+        o.query_one("SELECT held_at FROM tsoracle.fleet_member WHERE system_id = $1", &[&id])
+            .unwrap()
+            .get(0)
+    };
+    let kept = held_at(&mut o).expect("tsoracle.fleet_member.held_at is set");
+    assert!(kept < held, "held at {kept}, not below the value {held} the original holds");
+    // The copy gone, the oracle restarted, the original back: still held, until a superuser
+    // releases it.
     copy.stop(StopMode::Immediate).expect("stop the copy");
+    drop(o);
+    oracle.restart(StopMode::Fast).expect("restart the oracle");
+    let mut o = oracle.connect();
+    assert_eq!(held_at(&mut o), Some(kept), "the hold after the oracle's restart");
     m.pause_pid(worker, false);
     holder.batch_execute("COMMIT").unwrap();
     poll_until("the original is served again", Duration::from_secs(30), || {
@@ -403,6 +418,7 @@ fn an_unpromoted_copy_never_lets_r_f_pass_what_its_original_holds() {
     let released: bool =
         o.query_one("SELECT tso_fleet_admit($1)", &[&id]).expect("tso_fleet_admit").get(0);
     assert!(released, "tso_fleet_admit() releases a held entry");
+    assert_eq!(held_at(&mut o), None, "the release is durable when tso_fleet_admit() returns");
     poll_until("R_f passes the value once released", Duration::from_secs(20), || {
         let _: i64 = m.connect().query_one("SELECT tso_next()", &[]).unwrap().get(0);
         (rf(&mut o) >= held).then_some(())
