@@ -126,7 +126,10 @@ pub fn register(system_id: u64, reported: u64, claim: Option<RunClaim>) -> Resul
         }
     }
     REGISTERED.set(Some(system_id));
-    Ok(())
+    // Answered once the run and any hold are kept: the member names this run as the one
+    // before its next only after this hello is answered (`Identity::registered` there), so
+    // the run it names is one the oracle's restart or failover still knows.
+    wait_persisted(system_id, "keep this member's run in tsoracle.fleet_member").map(|_| ())
 }
 
 /// The slot of this session's member, if it registered and is still there.

@@ -23,6 +23,8 @@
 //!   silent and the original holds a value: the entry is held, `R_f` stays below the value
 //!   until a superuser releases it, across the oracle's restart (the hold is kept in
 //!   `tsoracle.fleet_member`); a clean restart of the member is not held;
+//! - clean restarts of a member while its oracle is down, which the oracle never hears of,
+//!   hold nothing once it is back;
 //! - a member whose identity a promoted copy captured while it was down is refused `55006`,
 //!   and takes its entry back by docs/operations/fleet/take-back.md, run as written.
 //!
@@ -423,6 +425,48 @@ fn an_unpromoted_copy_never_lets_r_f_pass_what_its_original_holds() {
         let _: i64 = m.connect().query_one("SELECT tso_next()", &[]).unwrap().get(0);
         (rf(&mut o) >= held).then_some(())
     });
+}
+
+/// Clean restarts of a member while its oracle is down (none of them heard by the oracle, which
+/// keeps the run it knew) hold nothing once the oracle is back: each start proved the one before
+/// it ended, so the member names the last run the oracle knew, and `R_f` passes what the member
+/// takes afterwards, its entry never held.
+#[test]
+fn clean_restarts_while_the_oracle_is_down_hold_nothing() {
+    let mut oracle = serving_node("quiet-oracle", NodeOpts::new());
+    admit_members(&oracle);
+    let mut m = member("quiet-m", &oracle_conninfo(&[oracle.port()], MEMBER_ROLE));
+    let id: i64 = m
+        .connect()
+        .query_one("SELECT system_identifier FROM pg_control_system()", &[])
+        .unwrap()
+        .get(0);
+    let _: i64 = m.connect().query_one("SELECT tso_next()", &[]).unwrap().get(0);
+    oracle.stop(StopMode::Fast).expect("stop the oracle");
+    for _ in 0..2 {
+        m.restart(StopMode::Fast).expect("a clean restart of the member");
+        // Its worker started (and read and kept its run) before the next restart.
+        poll_until("the member tried its oracle", Duration::from_secs(30), || {
+            let row = m.connect().query_one("SELECT last_error FROM tso_member_status()", &[]);
+            row.ok()?.get::<_, Option<String>>(0).filter(|e| e.contains("connect")).map(|_| ())
+        });
+    }
+    oracle.start().expect("start the oracle again");
+    let mut o = oracle.connect();
+    let after: i64 = poll_until("served once the oracle is back", Duration::from_secs(30), || {
+        m.connect().query_one("SELECT tso_next()", &[]).ok().map(|r| r.get(0))
+    });
+    let held: Option<i64> = o
+        .query_one("SELECT held_at FROM tsoracle.fleet_member WHERE system_id = $1", &[&id])
+        .unwrap()
+        .get(0);
+    assert_eq!(held, None, "a clean restart holds nothing: {}", oracle.log_tail(20));
+    poll_until("R_f passes a value taken after the restarts", Duration::from_secs(20), || {
+        let _: i64 = m.connect().query_one("SELECT tso_next()", &[]).unwrap().get(0);
+        let rf: i64 = o.query_one("SELECT tso_fleet_resolved()", &[]).unwrap().get(0);
+        (rf >= after).then_some(())
+    });
+    assert!(!oracle.log_contents().contains("does not prove that the run before it"));
 }
 
 /// A member whose identity a promoted copy captured while it was down for a restart is

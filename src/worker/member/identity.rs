@@ -21,6 +21,8 @@ pub(super) struct Identity {
     /// before it began (0: none): kept in `updated_at` (docs/fleet.md, "One run at a time").
     run: u64,
     prev: u64,
+    /// Whether the table names this run already.
+    named: bool,
     /// Since when the oracle has refused it as in use, without a hello answered between.
     refused_since: Option<Instant>,
 }
@@ -43,11 +45,15 @@ impl Identity {
         })
     }
 
-    /// This run named durably in the member's row before any hello names it, so that the
-    /// next run of this cluster names it as its predecessor (a worker restarted in the same
-    /// run finds it there already).
+    /// A run that does not prove the one before it ended (a start after a crash, or a copy's
+    /// first) is named durably in the member's row before any hello names it, so that every
+    /// later run names it as its predecessor and is held like it. A run that proves it (a
+    /// clean start, a promotion) is named once the oracle answered its hello
+    /// ([`Self::registered`]): till then the row names the last run the oracle knows, and
+    /// every start since proved the one before it ended, so the next run proves that one
+    /// ended too — clean restarts while the oracle is away hold nothing.
     fn mark_run(&mut self) -> Result<(), String> {
-        if self.kept.timeline.is_none() || self.prev == self.run {
+        if self.kept.timeline.is_none() || self.named || self.claim().ended_prev {
             // No row yet: the first registration writes it, with this run.
             return Ok(());
         }
@@ -58,7 +64,9 @@ impl Identity {
                     "UPDATE tsoracle.member_identity SET updated_at = pg_catalog.pg_postmaster_start_time()",
                 )
             },
-        )
+        )?;
+        self.named = true;
+        Ok(())
     }
 
     /// What the hello says of this run: the one before it, and whether this cluster proves
@@ -109,7 +117,7 @@ impl Identity {
             })
         })?;
         let (kept, run, prev) = kept;
-        Ok(Identity { kept, run, prev, refused_since: None })
+        Ok(Identity { kept, run, prev, named: prev == run, refused_since: None })
     }
 
     /// The identity the hello names.
@@ -132,15 +140,17 @@ impl Identity {
             },
         )?;
         self.kept = MemberIdentity { id, timeline: Some(timeline) };
+        self.named = true;
         Ok(())
     }
 
-    /// The oracle answered the hello: the identity is this cluster's on this timeline (a
-    /// promoted standby whose old primary is gone keeps the entry), kept before it is served.
+    /// The oracle answered the hello (its entry names this run durably by then): the identity
+    /// is this cluster's on this timeline (a promoted standby whose old primary is gone keeps
+    /// the entry), and the row names this run, kept before it is served.
     pub(super) fn registered(&mut self) -> Result<(), String> {
         self.refused_since = None;
         let now = timeline();
-        if self.kept.timeline == Some(now) {
+        if self.kept.timeline == Some(now) && self.named {
             return Ok(());
         }
         self.write(self.kept.id, now)
