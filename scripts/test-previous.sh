@@ -6,11 +6,7 @@
 # test-upgrade`). Prints that installation's bin directory.
 #
 # Its source is extracted once into target/previous-<version>/src (git archive), and built in
-# this tree's target directory: its dependencies, the same versions built with the same
-# profile, are this tree's (built once, not twice: minutes of `make test`); its own crates,
-# another version from another path, are artifacts of their own. Its package directory
-# (target/<profile>/tsoracle-pgNN) is the one this tree's build installs from, so the caller
-# installs this tree's build first (`make test-upgrade` does).
+# target/previous-<version>/target, apart from this tree's builds.
 #
 # Usage: scripts/test-previous.sh MAJOR ROOT PGRX_HOME
 set -euo pipefail
@@ -33,5 +29,5 @@ if [ "$(cat "$dir/src/.commit" 2>/dev/null)" != "$commit" ]; then
     echo "$commit" > "$dir/src/.commit"
 fi
 echo "tsoracle $version ($commit) for the rolling upgrade test" >&2
-CARGO_TARGET_DIR=$REPO/target INSTALL_PROFILE=${INSTALL_PROFILE:-tests} TSORACLE_FEATURES= \
+CARGO_TARGET_DIR=$dir/target INSTALL_PROFILE=${INSTALL_PROFILE:-tests} TSORACLE_FEATURES= \
     "$dir/src/scripts/test-pg.sh" --install "$MAJOR" "$ROOT" "$PGRX_HOME_DIR"
