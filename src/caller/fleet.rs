@@ -210,26 +210,29 @@ pub fn remove(system_id: u64) -> Result<bool, TsoError> {
         m.removing = true;
     }
     signals.wake_worker();
+    wait_slot(system_id, "mark the member removed in tsoracle.fleet_member", |m| m.removed)
+}
+
+/// Wait, up to `tsoracle.extension_timeout_ms`, until the worker has done `what` to member
+/// `system_id`'s slot (`done`), or freed it: `true`.
+fn wait_slot(
+    system_id: u64,
+    what: &'static str,
+    done: impl Fn(&MemberSlot) -> bool,
+) -> Result<bool, TsoError> {
     // The worker wakes no one when it is done: the wait looks again every 50 ms.
-    let done = super::requests::wait_on_latch(|| {
+    let finished = super::requests::wait_on_latch(|| {
         let fleet = FLEET.share();
-        Ok(fleet.find(system_id).is_none_or(|i| fleet.members()[i].removed).then_some(()))
+        Ok(fleet.find(system_id).is_none_or(|i| done(&fleet.members()[i])).then_some(()))
     })?;
-    done.map(|()| true).ok_or(TsoError::WorkerTimeout {
-        waited_ms: crate::pg::guc::extension_timeout_ms(),
-        what: "mark the member removed in tsoracle.fleet_member",
-    })
+    finished
+        .map(|()| true)
+        .ok_or(TsoError::WorkerTimeout { waited_ms: crate::pg::guc::extension_timeout_ms(), what })
 }
 
 /// Wait until what changed in member `system_id`'s slot is durable (its row written again).
 fn wait_persisted(system_id: u64, what: &'static str) -> Result<bool, TsoError> {
-    // The worker wakes no one when it is done: the wait looks again every 50 ms.
-    let done = super::requests::wait_on_latch(|| {
-        let fleet = FLEET.share();
-        Ok(fleet.find(system_id).is_none_or(|i| fleet.members()[i].persisted).then_some(()))
-    })?;
-    done.map(|()| true)
-        .ok_or(TsoError::WorkerTimeout { waited_ms: crate::pg::guc::extension_timeout_ms(), what })
+    wait_slot(system_id, what, |m| m.persisted)
 }
 
 /// Re-admit member `system_id`, removed before (superusers only, checked by the caller): the
@@ -265,12 +268,5 @@ pub fn admit(system_id: u64) -> Result<bool, TsoError> {
     }
     signals.wake_worker();
     // Done once the slot is freed: a member that registers again at once has a new one.
-    let gone = super::requests::wait_on_latch(|| {
-        let fleet = FLEET.share();
-        Ok(fleet.find(system_id).is_none_or(|i| !fleet.members()[i].admitting).then_some(()))
-    })?;
-    gone.map(|()| true).ok_or(TsoError::WorkerTimeout {
-        waited_ms: crate::pg::guc::extension_timeout_ms(),
-        what: "re-admit the member in tsoracle.fleet_member",
-    })
+    wait_slot(system_id, "re-admit the member in tsoracle.fleet_member", |m| !m.admitting)
 }

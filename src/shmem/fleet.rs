@@ -133,10 +133,7 @@ fn merge(header: &mut FleetHeader, members: &mut [MemberSlot], rows: &[MemberSlo
         if let Some(m) = members.iter_mut().find(|m| m.used && m.system_id == row.system_id) {
             m.resolved = m.resolved.max(row.resolved);
             // A hold kept in the table stays, at the lower of the two.
-            m.held_at = match (m.held_at, row.held_at) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
-            };
+            m.held_at = m.held_at.into_iter().chain(row.held_at).min();
             if m.run == 0 {
                 m.run = row.run;
             }

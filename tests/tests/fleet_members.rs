@@ -37,6 +37,7 @@ use tsoracle_tests::cluster::{make_sync, promote, wait_replayed};
 use tsoracle_tests::fleet::{
     admit_members, copy_between, member, member_opts, oracle_conninfo, MEMBER_ROLE,
 };
+use tsoracle_tests::fleet_load::system_identifier;
 use tsoracle_tests::runbook::{run_step, vars, Runbook, TAKE_BACK_STEPS};
 use tsoracle_tests::tso::now_ms;
 use tsoracle_tests::{pg_error_string, poll_until, serving_node, Node, NodeOpts, StopMode};
@@ -339,11 +340,7 @@ fn an_unpromoted_copy_never_lets_r_f_pass_what_its_original_holds() {
     let mut oracle = serving_node("copy-oracle", NodeOpts::new());
     admit_members(&oracle);
     let mut m = member("copy-m", &oracle_conninfo(&[oracle.port()], MEMBER_ROLE));
-    let id: i64 = m
-        .connect()
-        .query_one("SELECT system_identifier FROM pg_control_system()", &[])
-        .unwrap()
-        .get(0);
+    let id = system_identifier(&mut m.connect());
     let mut o = oracle.connect();
     let rf = |o: &mut postgres::Client| -> i64 {
         o.query_one("SELECT tso_fleet_resolved()", &[]).unwrap().get(0)
@@ -392,12 +389,7 @@ fn an_unpromoted_copy_never_lets_r_f_pass_what_its_original_holds() {
     );
     // The hold is kept on the oracle, not only in its memory: its restart forgets neither
     // the hold nor which run speaks.
-    let held_at = |o: &mut postgres::Client| -> Option<i64> {
-        o.query_one("SELECT held_at FROM tsoracle.fleet_member WHERE system_id = $1", &[&id])
-            .unwrap()
-            .get(0)
-    };
-    let kept = held_at(&mut o).expect("tsoracle.fleet_member.held_at is set");
+    let kept = held_at(&mut o, id).expect("tsoracle.fleet_member.held_at is set");
     assert!(kept < held, "held at {kept}, not below the value {held} the original holds");
     // The copy gone, the oracle restarted, the original back: still held, until a superuser
     // releases it.
@@ -405,7 +397,7 @@ fn an_unpromoted_copy_never_lets_r_f_pass_what_its_original_holds() {
     drop(o);
     oracle.restart(StopMode::Fast).expect("restart the oracle");
     let mut o = oracle.connect();
-    assert_eq!(held_at(&mut o), Some(kept), "the hold after the oracle's restart");
+    assert_eq!(held_at(&mut o, id), Some(kept), "the hold after the oracle's restart");
     m.pause_pid(worker, false);
     holder.batch_execute("COMMIT").unwrap();
     poll_until("the original is served again", Duration::from_secs(30), || {
@@ -420,11 +412,18 @@ fn an_unpromoted_copy_never_lets_r_f_pass_what_its_original_holds() {
     let released: bool =
         o.query_one("SELECT tso_fleet_admit($1)", &[&id]).expect("tso_fleet_admit").get(0);
     assert!(released, "tso_fleet_admit() releases a held entry");
-    assert_eq!(held_at(&mut o), None, "the release is durable when tso_fleet_admit() returns");
+    assert_eq!(held_at(&mut o, id), None, "the release is durable when tso_fleet_admit() returns");
     poll_until("R_f passes the value once released", Duration::from_secs(20), || {
         let _: i64 = m.connect().query_one("SELECT tso_next()", &[]).unwrap().get(0);
         (rf(&mut o) >= held).then_some(())
     });
+}
+
+/// Where member `id`'s entry is held, as the oracle keeps it (`None`: not held).
+fn held_at(o: &mut postgres::Client, id: i64) -> Option<i64> {
+    o.query_one("SELECT held_at FROM tsoracle.fleet_member WHERE system_id = $1", &[&id])
+        .expect("tsoracle.fleet_member")
+        .get(0)
 }
 
 /// Clean restarts of a member while its oracle is down (none of them heard by the oracle, which
@@ -436,11 +435,7 @@ fn clean_restarts_while_the_oracle_is_down_hold_nothing() {
     let mut oracle = serving_node("quiet-oracle", NodeOpts::new());
     admit_members(&oracle);
     let mut m = member("quiet-m", &oracle_conninfo(&[oracle.port()], MEMBER_ROLE));
-    let id: i64 = m
-        .connect()
-        .query_one("SELECT system_identifier FROM pg_control_system()", &[])
-        .unwrap()
-        .get(0);
+    let id = system_identifier(&mut m.connect());
     let _: i64 = m.connect().query_one("SELECT tso_next()", &[]).unwrap().get(0);
     oracle.stop(StopMode::Fast).expect("stop the oracle");
     for _ in 0..2 {
@@ -456,11 +451,7 @@ fn clean_restarts_while_the_oracle_is_down_hold_nothing() {
     let after: i64 = poll_until("served once the oracle is back", Duration::from_secs(30), || {
         m.connect().query_one("SELECT tso_next()", &[]).ok().map(|r| r.get(0))
     });
-    let held: Option<i64> = o
-        .query_one("SELECT held_at FROM tsoracle.fleet_member WHERE system_id = $1", &[&id])
-        .unwrap()
-        .get(0);
-    assert_eq!(held, None, "a clean restart holds nothing: {}", oracle.log_tail(20));
+    assert_eq!(held_at(&mut o, id), None, "a clean restart holds nothing: {}", oracle.log_tail(20));
     poll_until("R_f passes a value taken after the restarts", Duration::from_secs(20), || {
         let _: i64 = m.connect().query_one("SELECT tso_next()", &[]).unwrap().get(0);
         let rf: i64 = o.query_one("SELECT tso_fleet_resolved()", &[]).unwrap().get(0);
