@@ -156,6 +156,12 @@ CREATE TRIGGER only_the_worker_truncate BEFORE TRUNCATE ON tsoracle.fleet_resolv
 CREATE TRIGGER only_the_worker BEFORE INSERT OR UPDATE ON tsoracle.member_oracle
     FOR EACH ROW EXECUTE FUNCTION tsoracle.only_the_worker();
 ALTER TABLE tsoracle.member_oracle ENABLE ALWAYS TRIGGER only_the_worker;
+-- A member's handed-out counter blocks: written by the worker only (a lower end written by
+-- hand would let an oracle gone back hand the member a block again); a superuser deletes a row
+-- to accept an oracle restored on purpose.
+CREATE TRIGGER only_the_worker BEFORE INSERT OR UPDATE ON tsoracle.member_counter
+    FOR EACH ROW EXECUTE FUNCTION tsoracle.only_the_worker();
+ALTER TABLE tsoracle.member_counter ENABLE ALWAYS TRIGGER only_the_worker;
 -- A member's leases: written by the worker only (a row deleted by hand would let R pass a live
 -- lease's stamps).
 CREATE TRIGGER only_the_worker BEFORE INSERT OR UPDATE OR DELETE ON tsoracle.member_lease

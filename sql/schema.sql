@@ -24,8 +24,10 @@ CREATE TABLE tsoracle.seq (
     key        text PRIMARY KEY CHECK (octet_length(key) BETWEEN 1 AND 128),
     next       bigint NOT NULL CHECK (next >= 0),
     updated_at timestamptz NOT NULL DEFAULT now(),
-    owner      regrole
+    owner      regrole,
+    made       bigint NOT NULL DEFAULT 0 CHECK (made >= 0)
 );
+COMMENT ON COLUMN tsoracle.seq.made IS 'The key''s incarnation: a timestamp the worker issued when it created the row (0: made before 0.6.0, or by hand). A member refuses a block of an older incarnation than one it handed out blocks of.';
 COMMENT ON TABLE tsoracle.seq IS 'tso_seq() counters: next is the first value of the next block granted for key; owner may use it (with its members) and drop it.';
 SELECT pg_catalog.pg_extension_config_dump('tsoracle.seq', '');
 
@@ -128,6 +130,19 @@ CREATE TABLE tsoracle.member_identity (
     updated_at timestamptz NOT NULL DEFAULT now()
 );
 COMMENT ON TABLE tsoracle.member_identity IS 'On a member: the identity it registers under on the oracle (member_id: its system identifier, or one of its own taken when it was promoted beside a live original that shares it) and the timeline it was last registered on.';
+
+-- On a member of a fleet: the last block of each counter it handed out (docs/fleet.md, "What
+-- is checked, and refused"): the key's incarnation on the oracle (tsoracle.seq.made) and one
+-- past the block's last value. Raised by the worker when it publishes its resolved
+-- timestamp (it lags by that interval), never lowered; the oracle's answers below it are
+-- refused after any restart. Not dumped: a restored copy is another member.
+CREATE TABLE tsoracle.member_counter (
+    key        text PRIMARY KEY,
+    made       bigint NOT NULL CHECK (made >= 0),
+    next       bigint NOT NULL CHECK (next >= 0),
+    updated_at timestamptz NOT NULL DEFAULT now()
+);
+COMMENT ON TABLE tsoracle.member_counter IS 'On a member: the last block of each counter it handed out (next: one past its last value), with the key''s incarnation on the oracle (made); the member refuses any block the oracle answers below it.';
 
 REVOKE ALL ON SCHEMA tsoracle FROM PUBLIC;
 REVOKE ALL ON ALL TABLES IN SCHEMA tsoracle FROM PUBLIC;

@@ -6,6 +6,10 @@
 //! - [`EpochGate`]: answers from an epoch older than one already seen are refused.
 //! - [`OwnPast`]: what a cluster issued on its own before it joined the fleet; nothing the
 //!   oracle answers at or below it is handed out.
+//! - [`HandedBlock`] and [`CountersToKeep`]: the last block of each counter a member handed
+//!   out, with the key's incarnation on the oracle (`made`); an answer
+//!   below it ([`OwnPast::check_handed`]) is refused, and a lagging copy of it is kept in the
+//!   member's `tsoracle.member_counter` so that it is refused after a restart too.
 //! - [`OracleSeen`]: the oracle a member was served by, kept durably: another cluster, or an
 //!   older epoch, is refused after any restart.
 //! - [`above_fetched`] and [`kept_past_ms`]: a member's own past as a member. Nothing the
@@ -151,6 +155,41 @@ pub fn lease_above_resolved(
 pub struct OwnPast {
     high_water_ms: u64,
     counters: std::collections::HashMap<String, u64>,
+    handed: std::collections::HashMap<String, HandedBlock>,
+}
+
+/// The last block of a counter a member handed out, as the oracle answered it: the key's
+/// incarnation on the oracle (`made`: a timestamp the oracle issued when it created the key's
+/// row, so a key dropped and created again has a higher one; 0 for a row from before 0.6.0)
+/// and one past the block's last value.
+///
+/// A correct oracle's later answers for the key are never below it: its incarnation does not
+/// go back, and within one incarnation its counter only moves forward. An answer below it
+/// comes from an oracle gone back (a deposed primary, a restored copy).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HandedBlock {
+    pub made: u64,
+    pub end: u64,
+}
+
+impl HandedBlock {
+    /// What is kept once `later` was handed out after `self`: the end within the newest
+    /// incarnation.
+    pub fn merge(self, later: HandedBlock) -> HandedBlock {
+        match later.made.cmp(&self.made) {
+            std::cmp::Ordering::Greater => later,
+            std::cmp::Ordering::Equal => {
+                HandedBlock { made: self.made, end: self.end.max(later.end) }
+            }
+            std::cmp::Ordering::Less => self,
+        }
+    }
+
+    /// A block from `start` on, from incarnation `made`, repeats nothing of what `self`
+    /// covers.
+    pub fn admits(&self, made: u64, start: u64) -> bool {
+        made > self.made || (made == self.made && start >= self.end)
+    }
 }
 
 /// A value from the oracle that repeats one this cluster issued on its own.
@@ -160,6 +199,8 @@ pub enum BelowOwnPast {
     Timestamps { got_ms: u64, high_water_ms: u64 },
     #[error("the oracle's block of counter \"{key}\" starts at {start}, below {next}, where this cluster's own counter stood before it joined the fleet")]
     Counter { key: String, start: u64, next: u64 },
+    #[error("the oracle's block of counter \"{key}\" (from {start}, incarnation {made}) is below the blocks of it this cluster handed out as a member (up to {}, incarnation {}): the oracle went back", kept.end, kept.made)]
+    HandedOut { key: String, start: u64, made: u64, kept: HandedBlock },
 }
 
 impl OwnPast {
@@ -171,7 +212,37 @@ impl OwnPast {
             let at = map.entry(key).or_insert(0);
             *at = next.max(*at);
         }
-        OwnPast { high_water_ms, counters: map }
+        OwnPast { high_water_ms, counters: map, handed: std::collections::HashMap::new() }
+    }
+
+    /// With the blocks this cluster handed out as a member, as its `tsoracle.member_counter`
+    /// holds them.
+    pub fn with_handed(mut self, blocks: impl IntoIterator<Item = (String, HandedBlock)>) -> Self {
+        for (key, block) in blocks {
+            self.handed_out(&key, block);
+        }
+        self
+    }
+
+    /// A block of `key` was handed out as a member: every later answer must be above it.
+    pub fn handed_out(&mut self, key: &str, block: HandedBlock) {
+        match self.handed.get_mut(key) {
+            Some(at) => *at = at.merge(block),
+            None => {
+                self.handed.insert(key.to_string(), block);
+            }
+        }
+    }
+
+    /// The oracle's block of `key` from `start` on, from incarnation `made`, may be handed
+    /// out: it is above every block of the key handed out as a member.
+    pub fn check_handed(&self, key: &str, made: u64, start: u64) -> Result<(), BelowOwnPast> {
+        match self.handed.get(key) {
+            Some(kept) if !kept.admits(made, start) => {
+                Err(BelowOwnPast::HandedOut { key: key.to_string(), start, made, kept: *kept })
+            }
+            _ => Ok(()),
+        }
     }
 
     pub fn high_water_ms(&self) -> u64 {
@@ -211,6 +282,46 @@ impl OwnPast {
             _ => Ok(()),
         }
     }
+}
+
+/// The blocks a member handed out that its `tsoracle.member_counter` does not hold yet:
+/// written in the transaction that publishes its resolved timestamp, so that [`OwnPast`] read
+/// back after a restart refuses below them. It lags as the kept high-water does: blocks
+/// handed out after the last publication are not kept yet.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CountersToKeep {
+    pending: std::collections::BTreeMap<String, HandedBlock>,
+}
+
+impl CountersToKeep {
+    /// A block of `key` was handed out.
+    pub fn handed_out(&mut self, key: &str, block: HandedBlock) {
+        match self.pending.get_mut(key) {
+            Some(at) => *at = at.merge(block),
+            None => {
+                self.pending.insert(key.to_string(), block);
+            }
+        }
+    }
+
+    /// What to write now: each key that moved since its last write.
+    pub fn due(&self) -> Vec<(String, HandedBlock)> {
+        self.pending.iter().map(|(k, v)| (k.clone(), *v)).collect()
+    }
+
+    /// `written` (a `due()` before) committed: keys that moved no further since are done.
+    pub fn kept(&mut self, written: &[(String, HandedBlock)]) {
+        for (key, block) in written {
+            if self.pending.get(key) == Some(block) {
+                self.pending.remove(key);
+            }
+        }
+    }
+}
+
+/// One past the last value of a block of `count` values from `start`.
+pub fn block_end(start: u64, count: u64) -> u64 {
+    start.saturating_add(count)
 }
 
 /// The oracle a member was served by, as the member keeps it durably (`tsoracle.member_oracle`):
@@ -359,7 +470,79 @@ mod tests {
         assert!(lease_above_resolved(10, pack(11, 0).unwrap(), 0).is_err());
     }
 
+    #[test]
+    fn a_key_dropped_on_the_oracle_starts_again_but_a_gone_back_oracle_is_refused() {
+        let mut own = OwnPast::new(0, []);
+        own.handed_out("k", HandedBlock { made: 100, end: 20 });
+        // The same incarnation: only at or above the end.
+        assert!(own.check_handed("k", 100, 19).is_err());
+        assert!(own.check_handed("k", 100, 20).is_ok());
+        // Dropped on the oracle and made again: from 0.
+        assert!(own.check_handed("k", 150, 0).is_ok());
+        // An older incarnation: the oracle went back.
+        assert!(own.check_handed("k", 99, 1_000).is_err());
+        assert!(own.check_handed("other", 0, 0).is_ok());
+        let mut keep = CountersToKeep::default();
+        keep.handed_out("k", HandedBlock { made: 100, end: 20 });
+        let due = keep.due();
+        keep.handed_out("k", HandedBlock { made: 100, end: 30 });
+        keep.kept(&due);
+        assert_eq!(keep.due(), vec![("k".to_string(), HandedBlock { made: 100, end: 30 })]);
+    }
+
     proptest! {
+        /// A correct oracle's blocks of one key, with drops in between (each drop: a new
+        /// incarnation from 0), are all admitted, whether the
+        /// member kept them in memory or read them back after a restart; any block handed
+        /// out before, answered again, is refused.
+        #[test]
+        fn a_correct_oracle_is_admitted_and_a_replay_refused(
+            steps in proptest::collection::vec((1u32..1000, 0u8..10), 1..30),
+            keep_at in 0usize..30,
+            replay in 0usize..30,
+        ) {
+            let (mut made, mut next) = (1u64, 0u64);
+            let mut own = OwnPast::new(0, []);
+            let mut keep = CountersToKeep::default();
+            let mut table: std::collections::BTreeMap<String, HandedBlock> = Default::default();
+            let mut answers = Vec::new();
+            for (i, (count, event)) in steps.iter().enumerate() {
+                if *event == 0 {
+                    made += 1 + u64::from(*count);
+                    next = 0;
+                }
+                let start = next;
+                next = block_end(next, u64::from(*count));
+                prop_assert!(own.check_handed("k", made, start).is_ok());
+                let block = HandedBlock { made, end: next };
+                own.handed_out("k", block);
+                keep.handed_out("k", block);
+                answers.push((made, start));
+                if i == keep_at.min(steps.len() - 1) {
+                    let due = keep.due();
+                    for (k, b) in &due {
+                        let at = table.entry(k.clone()).or_insert(*b);
+                        *at = at.merge(*b);
+                    }
+                    keep.kept(&due);
+                }
+            }
+            let (m, s) = answers[replay % answers.len()];
+            prop_assert!(own.check_handed("k", m, s).is_err());
+            prop_assert!(own.check_handed("k", made, next).is_ok());
+            // Kept at the last publication, then restarted: the same.
+            let due = keep.due();
+            for (k, b) in &due {
+                let at = table.entry(k.clone()).or_insert(*b);
+                *at = at.merge(*b);
+            }
+            keep.kept(&due);
+            prop_assert!(keep.due().is_empty());
+            let restarted = OwnPast::new(0, []).with_handed(table.clone());
+            prop_assert!(restarted.check_handed("k", m, s).is_err());
+            prop_assert!(restarted.check_handed("k", made, next).is_ok());
+        }
+
         /// Every later answer of a correct oracle (above every value fetched before) passes
         /// both the in-memory check and, after a restart, OwnPast over the kept bound.
         #[test]

@@ -215,6 +215,9 @@ pub struct CounterTuple {
     pub xmax: Xmax,
     /// The `owner` column (a role OID); 0 when NULL (a key shared by every sequence user).
     pub owner: u32,
+    /// The `made` column (the key's incarnation); 0 when NULL, or for a tuple from before the
+    /// column existed (its default then).
+    pub made: i64,
 }
 
 /// Find the live counter for `key` at line pointer `offset` (1-based) of block `block`.
@@ -245,6 +248,12 @@ pub fn counter_tuple(
     // column existed, is the shared owner 0.
     let owner =
         if t.has(3) { u32_at(data, next_in_data + 16).ok_or(NotInPlace::Shape)? } else { 0 };
+    // made (bigint, 8-byte aligned) follows owner, or updated_at when owner is NULL.
+    let made_at = if t.has(3) { (next_in_data + 20).div_ceil(8) * 8 } else { next_in_data + 16 };
+    let made = if t.has(4) { i64_at(data, made_at).ok_or(NotInPlace::Shape)? } else { 0 };
+    if made < 0 {
+        return Err(NotInPlace::Negative);
+    }
     Ok(CounterTuple {
         next_at: t.data_at + next_in_data,
         next,
@@ -252,6 +261,7 @@ pub fn counter_tuple(
         xmin_committed: t.xmin_committed,
         xmax: t.xmax,
         owner,
+        made,
     })
 }
 
@@ -414,6 +424,27 @@ mod tests {
         page_holding(&header(xmax, offset, 4, infomask, nulls), &data, offset)
     }
 
+    /// The page of a row of 0.6.0's table: `made` after `owner` (NULL or not).
+    fn page_with_made(key: &[u8], next: i64, owner_null: bool, made: i64) -> Vec<u8> {
+        let mut data = Vec::new();
+        data.push(((key.len() + 1) << 1) as u8 | 0x01);
+        data.extend_from_slice(key);
+        while data.len() % 8 != 0 {
+            data.push(0);
+        }
+        data.extend_from_slice(&next.to_ne_bytes());
+        data.extend_from_slice(&777i64.to_ne_bytes());
+        if !owner_null {
+            data.extend_from_slice(&16384u32.to_ne_bytes());
+            while data.len() % 8 != 0 {
+                data.push(0);
+            }
+        }
+        data.extend_from_slice(&made.to_ne_bytes());
+        let nulls = owner_null.then_some(0b10111);
+        page_holding(&header(0, 1, 5, LIVE, nulls), &data, 1)
+    }
+
     fn high_water_page(physical: i64, epoch: i64, id: u8, infomask: u16, xmax: u32) -> Vec<u8> {
         let mut data = vec![0u8; 32];
         data[0] = id;
@@ -516,6 +547,24 @@ mod tests {
             prop_assert_eq!(high_water_tuple(&high_water_page(physical, epoch, 1, LIVE, 0), 4, 1), Err(NotInPlace::Updated));
             prop_assert_eq!(high_water_tuple(&high_water_page(physical, epoch, 1, HEAP_XMIN_COMMITTED, locker), 3, 1), Err(NotInPlace::Deleted));
             prop_assert_eq!(high_water_tuple(&high_water_page(physical, epoch, 1, LOCKED, locker), 3, 1).unwrap().xmax, Xmax::LockedBy(locker));
+        }
+    }
+
+    proptest! {
+        /// A row with `made` reads it, owner NULL or not; a row from before the column
+        /// existed reads 0 (its default); the counter is where it always was.
+        #[test]
+        fn reads_the_incarnation(
+            key in proptest::collection::vec(1u8..=255, 1..=100),
+            next in 0i64..=i64::MAX,
+            made in 0i64..=i64::MAX,
+            owner_null: bool,
+        ) {
+            let found = counter_tuple(&page_with_made(&key, next, owner_null, made), 3, 1, &key).unwrap();
+            prop_assert_eq!((found.next, found.made), (next, made));
+            prop_assert_eq!(found.owner, if owner_null { 0 } else { 16384 });
+            prop_assert_eq!(counter_tuple(&page_with(&key, next, LIVE, owner_null, 1), 3, 1, &key).unwrap().made, 0);
+            prop_assert_eq!(counter_tuple(&page_with_made(&key, next, owner_null, -made - 1), 3, 1, &key), Err(NotInPlace::Negative));
         }
     }
 

@@ -68,8 +68,10 @@ fn synchronous_standbys_configured() -> bool {
         || u32::from(status) & pg_sys::SYNC_STANDBY_DEFINED != 0
 }
 
-/// Advance `key` by `count` in place, if this call may; `Ok(None)` sends it to the worker.
-pub fn try_advance(key: &str, count: u64) -> Result<Option<i64>, TsoError> {
+/// Advance `key` by `count` in place, if this call may: the block's start and the key's
+/// incarnation (`made`, read with the counter under the buffer lock); `Ok(None)` sends it to
+/// the worker.
+pub fn try_advance(key: &str, count: u64) -> Result<Option<(i64, i64)>, TsoError> {
     // A handed-over oracle grants nothing more, in place neither.
     if crate::shmem::signals()?.handover_requested() {
         return Err(TsoError::NotServing(crate::shmem::oracle::HANDED_OVER.into()));
@@ -94,7 +96,7 @@ pub fn try_advance(key: &str, count: u64) -> Result<Option<i64>, TsoError> {
     // SAFETY: the table is locked while write_in_place runs; every pointer used there comes
     // from PostgreSQL for it.
     let written = with_table_locked(relid, || unsafe { write_in_place(relid, key, count) });
-    let Some(Some((start, lsn))) = written else {
+    let Some(Some((start, made, lsn))) = written else {
         return Ok(None);
     };
     // What can appear without a lock that conflicts with ours is looked at again now that
@@ -124,14 +126,14 @@ pub fn try_advance(key: &str, count: u64) -> Result<Option<i64>, TsoError> {
             "the block of sequence \"{key}\" is not returned"
         )));
     }
-    Ok(Some(start))
+    Ok(Some((start, made)))
 }
 
 /// Find the live row of `key` and advance it; `None` if it is not plainly there.
 ///
 /// # Safety
 /// `relid` is `tsoracle.seq`, locked `ROW EXCLUSIVE` by this transaction.
-unsafe fn write_in_place(relid: pg_sys::Oid, key: &str, count: u64) -> Option<(i64, u64)> {
+unsafe fn write_in_place(relid: pg_sys::Oid, key: &str, count: u64) -> Option<(i64, i64, u64)> {
     // SAFETY: the caller holds a lock on the relation.
     let rel = unsafe { pg_sys::table_open(relid, pg_sys::NoLock as c_int) };
     // SAFETY: rel is open until table_close below.
@@ -141,8 +143,9 @@ unsafe fn write_in_place(relid: pg_sys::Oid, key: &str, count: u64) -> Option<(i
     result
 }
 
-/// The table as this code reads it: a permanent heap table whose first four columns are
-/// `key text, next bigint, updated_at timestamptz, owner regrole`, keyed by `key` alone.
+/// The table as this code reads it: a permanent heap table whose first columns are
+/// `key text, next bigint, updated_at timestamptz, owner regrole` and, from 0.6.0,
+/// `made bigint`, keyed by `key` alone.
 ///
 /// # Safety
 /// `rel` is open.
@@ -175,6 +178,18 @@ unsafe fn expected_shape(rel: pg_sys::Relation) -> Option<pg_sys::Oid> {
         || attrs[2].attalign != b'd' as std::ffi::c_char
     {
         return None;
+    }
+    // made (0.6.0): a bigint after owner, read with the row; a schema without it reads 0.
+    if natts >= 5 {
+        // SAFETY: natts >= 5, so the fifth attribute exists, as long as rel is open.
+        let made = unsafe { &*crate::pg::compat::tuple_desc_attr(desc, 4) };
+        if made.atttypid != pg_sys::INT8OID
+            || made.attlen != 8
+            || made.attisdropped
+            || made.attalign != b'd' as std::ffi::c_char
+        {
+            return None;
+        }
     }
     // SAFETY: a relcache lookup for an open relation.
     let index = unsafe { crate::pg::compat::primary_key_index(rel) };
@@ -242,7 +257,11 @@ fn may_use(owner: u32) -> bool {
 
 /// # Safety
 /// `rel` is `tsoracle.seq`, open and locked `ROW EXCLUSIVE`.
-unsafe fn locate_and_write(rel: pg_sys::Relation, key: &str, count: u64) -> Option<(i64, u64)> {
+unsafe fn locate_and_write(
+    rel: pg_sys::Relation,
+    key: &str,
+    count: u64,
+) -> Option<(i64, i64, u64)> {
     // SAFETY: rel is open.
     let index = unsafe { expected_shape(rel) }?;
     // next (2) and updated_at (3) are written in place.
@@ -286,7 +305,7 @@ unsafe fn write_candidate(
     row: Candidate,
     key: &str,
     count: u64,
-) -> Option<(i64, u64)> {
+) -> Option<(i64, i64, u64)> {
     if !may_use(row.owner) {
         return None;
     }
@@ -363,7 +382,7 @@ unsafe fn advance_buffer(
     row: Candidate,
     key: &str,
     count: u64,
-) -> Option<(i64, u64)> {
+) -> Option<(i64, i64, u64)> {
     // SAFETY: our exclusively locked buffer: nobody else writes the page (not even hint
     // bits, which need a share lock), so its bytes may be read as a slice until it is dropped
     // below, before the write.
@@ -387,5 +406,5 @@ unsafe fn advance_buffer(
     // wal_level >= replica (checked by try_advance and expected_shape); next_at is the
     // 8-aligned offset of `next` in this page, `updated_at` the 8 bytes after it.
     let lsn = unsafe { write_logged(buffer, tuple.next_at, &[end, now]) };
-    Some((tuple.next, lsn))
+    Some((tuple.next, tuple.made, lsn))
 }

@@ -43,7 +43,9 @@ column key text not null
 column next bigint not null
 column updated_at timestamp with time zone not null default now()
 column owner regrole
+column made bigint not null default 0
 check seq_key_check valid inherited ((octet_length(key) >= 1) AND (octet_length(key) <= 128))
+check seq_made_check valid inherited (made >= 0)
 check seq_next_check valid inherited (next >= 0)
 index CREATE UNIQUE INDEX seq_pkey ON tsoracle.seq USING btree (key) primary
 trigger CREATE TRIGGER keep_what_was_issued BEFORE UPDATE ON tsoracle.seq FOR EACH ROW WHEN (((new.next < old.next) OR (new.key IS DISTINCT FROM old.key))) EXECUTE FUNCTION tsoracle.keep_what_was_issued() fires A internal false

@@ -137,6 +137,8 @@ pub struct Reply {
     pub from_ms: i64,
     /// `Busy`: the table is locked (rather than the key's or the lease's row).
     pub table_locked: bool,
+    /// A block: the key's incarnation (`tsoracle.seq.made`).
+    pub made: i64,
 }
 
 impl Reply {

@@ -68,9 +68,10 @@ fn epoch() -> i64 {
     ORACLE.share().allocator.epoch().unwrap_or(0) as i64
 }
 
-fn seq(keys: Vec<String>, counts: Vec<i32>) -> Result<Vec<(i64, i64)>, TsoError> {
+/// A member's blocks: each one's start, the oracle's epoch, and the key's incarnation.
+fn seq(keys: Vec<String>, counts: Vec<i32>) -> Result<Vec<(i64, i64, i64)>, TsoError> {
     refuse_on_a_member()?;
-    let starts = if keys.len() == 1 && counts.len() == 1 {
+    let blocks = if keys.len() == 1 && counts.len() == 1 {
         vec![super::sequences::advance(Some(&keys[0]), Some(counts[0]))?]
     } else {
         super::sequences::batch(
@@ -78,11 +79,11 @@ fn seq(keys: Vec<String>, counts: Vec<i32>) -> Result<Vec<(i64, i64)>, TsoError>
             Some(counts.into_iter().map(Some).collect()),
         )?
         .into_iter()
-        .map(|(_, start, _)| start)
+        .map(|(_, block, _)| block)
         .collect()
     };
     let e = epoch();
-    Ok(starts.into_iter().map(|s| (s, e)).collect())
+    Ok(blocks.into_iter().map(|b| (b.start, e, b.made)).collect())
 }
 
 type Lease = (i64, i64, i64, i64, i32, i64);
@@ -98,12 +99,15 @@ mod tsoracle {
     use crate::pg::error::{OrReport, TsoError};
     use pgrx::prelude::*;
 
-    /// A member's `tso_seq()` or `tso_seq_batch()`: the blocks' starts, in the keys' order.
+    /// A member's `tso_seq()` or `tso_seq_batch()`: the blocks' starts, in the keys' order,
+    /// each with the key's incarnation (`made`, 0.6.0: a member of 0.5.0 reads the first two
+    /// columns only).
+    #[allow(clippy::type_complexity)]
     #[pg_extern(volatile, parallel_unsafe, strict)]
     fn member_seq(
         keys: Vec<String>,
         counts: Vec<i32>,
-    ) -> TableIterator<'static, (name!(start, i64), name!(epoch, i64))> {
+    ) -> TableIterator<'static, (name!(start, i64), name!(epoch, i64), name!(made, i64))> {
         TableIterator::new(super::seq(keys, counts).or_report())
     }
 

@@ -26,12 +26,20 @@ fn checked_count(count: Option<i32>) -> Result<u64, TsoError> {
     Ok(validate_count(i64::from(count), guc::max_seq_count())?)
 }
 
-fn start_of(key: &str, count: u64, reply: Reply) -> Result<i64, TsoError> {
+/// A block granted: its start, and the key's incarnation (`tsoracle.seq.made`), which a
+/// member keeps with the block's end (docs/fleet.md, "What is checked, and refused").
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Block {
+    pub start: i64,
+    pub made: i64,
+}
+
+fn block_of(key: &str, count: u64, reply: Reply) -> Result<Block, TsoError> {
     if let Some(e) = reply_error(&reply, &format!("sequence key \"{key}\"")) {
         return Err(e);
     }
     match reply.code {
-        ReplyCode::Ok => Ok(reply.value),
+        ReplyCode::Ok => Ok(Block { start: reply.value, made: reply.made }),
         ReplyCode::SeqOverflow => Err(TsoError::NumericOutOfRange(format!(
             "sequence \"{key}\" cannot grant {count} more values without overflowing bigint"
         ))),
@@ -42,7 +50,7 @@ fn start_of(key: &str, count: u64, reply: Reply) -> Result<i64, TsoError> {
     }
 }
 
-pub(super) fn advance(key: Option<&str>, count: Option<i32>) -> Result<i64, TsoError> {
+pub(super) fn advance(key: Option<&str>, count: Option<i32>) -> Result<Block, TsoError> {
     refuse_in_parallel_mode("tso_seq()")?;
     let key = checked_key(key)?;
     let count = checked_count(count)?;
@@ -51,20 +59,20 @@ pub(super) fn advance(key: Option<&str>, count: Option<i32>) -> Result<i64, TsoE
     // that has been a member (its standby promoted without tsoracle.oracle) never grants from
     // its own table, whose counters lack the fleet's blocks.
     if crate::shmem::signals()?.may_serve_alone() == Some(true) {
-        if let Some(start) = crate::caller::seq_in_place::try_advance(key, count)? {
-            return Ok(start);
+        if let Some((start, made)) = crate::caller::seq_in_place::try_advance(key, count)? {
+            return Ok(Block { start, made });
         }
     }
     let replies = submit_waiting_for_locks(&[Request::new(RequestKind::SeqAdvance, key, count)])?;
     let reply = replies.first().copied().ok_or_else(|| TsoError::Internal("no reply".into()))?;
-    start_of(key, count, reply)
+    block_of(key, count, reply)
 }
 
 /// Durably advance counter `key` by `count`; returns the value before the advance, so the
 /// caller owns `[start, start + count)`. A new key starts at 0.
 #[pg_extern(volatile, parallel_unsafe)]
 fn tso_seq(key: Option<&str>, count: default!(Option<i32>, 1)) -> i64 {
-    advance(key, count).or_report()
+    advance(key, count).map(|b| b.start).or_report()
 }
 
 /// Advance several keys atomically (one commit, all or nothing), in request order.
@@ -75,13 +83,19 @@ fn tso_seq_batch(
     keys: Option<Vec<Option<String>>>,
     counts: Option<Vec<Option<i32>>>,
 ) -> TableIterator<'static, (name!(key, String), name!(start, i64), name!(count, i32))> {
-    TableIterator::new(batch(keys, counts).or_report())
+    TableIterator::new(
+        batch(keys, counts)
+            .map(|blocks| {
+                blocks.into_iter().map(|(key, b, count)| (key, b.start, count)).collect::<Vec<_>>()
+            })
+            .or_report(),
+    )
 }
 
 pub(super) fn batch(
     keys: Option<Vec<Option<String>>>,
     counts: Option<Vec<Option<i32>>>,
-) -> Result<Vec<(String, i64, i32)>, TsoError> {
+) -> Result<Vec<(String, Block, i32)>, TsoError> {
     refuse_in_parallel_mode("tso_seq_batch()")?;
     let (Some(keys), Some(counts)) = (keys, counts) else {
         return Err(TsoError::InvalidArgument("keys and counts must not be NULL".into()));
@@ -116,7 +130,7 @@ pub(super) fn batch(
         .iter()
         .zip(replies)
         .map(|(r, reply)| {
-            Ok((r.name().to_string(), start_of(r.name(), r.count, reply)?, r.count as i32))
+            Ok((r.name().to_string(), block_of(r.name(), r.count, reply)?, r.count as i32))
         })
         .collect()
 }
@@ -261,7 +275,12 @@ mod tests {
         let rows =
             batch(Some(vec![Some("b1".into()), Some("b2".into())]), Some(vec![Some(3), Some(4)]))
                 .unwrap();
-        assert_eq!(rows, vec![("b1".into(), 0, 3), ("b2".into(), 0, 4)]);
+        let starts: Vec<(String, i64, i32)> =
+            rows.iter().map(|(k, b, c)| (k.clone(), b.start, *c)).collect();
+        assert_eq!(starts, vec![("b1".into(), 0, 3), ("b2".into(), 0, 4)]);
+        // Each new key with its incarnation, a timestamp the worker issued: the later key's
+        // is higher (made in the same group, in key order).
+        assert!(rows[0].1.made > 0 && rows[1].1.made > rows[0].1.made, "{rows:?}");
         let again = Spi::get_one::<i64>(
             "SELECT sum(start)::bigint FROM tso_seq_batch(ARRAY['b2','b1'], ARRAY[1,1])",
         )

@@ -263,6 +263,7 @@ fn lease_reply(lease: &Lease, epoch: u64) -> Reply {
         epoch: epoch as i64,
         from_ms: lease.stamp_from_ms as i64,
         table_locked: false,
+        made: 0,
     }
 }
 

@@ -45,10 +45,10 @@ impl Worker {
             if local {
                 publish(Published::Local, r)?;
             }
-            if let Some(ms) = past {
+            if let Some(due) = &past {
                 // In a subtransaction: a high-water row locked or broken holds up this bound,
                 // not R.
-                match subtransaction(|| super::member::keep_past(ms)) {
+                match subtransaction(|| super::member::keep_past(due)) {
                     Ok(Ok(())) => past_written.set(true),
                     Ok(Err(e)) => warn_past(&e.to_string()),
                     Err(e) => warn_past(&e.to_string()),
@@ -84,8 +84,8 @@ impl Worker {
                 if local {
                     self.signals.set_published_resolved(r, clock::now_ms());
                 }
-                if let Some(ms) = past.filter(|_| past_written.get()) {
-                    super::member::past_kept(ms);
+                if let Some(due) = past.as_ref().filter(|_| past_written.get()) {
+                    super::member::past_kept(due);
                 }
                 if let Some(w) = fleet {
                     super::fleet::committed(w, clock::now_ms());

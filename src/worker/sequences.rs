@@ -50,7 +50,7 @@ impl SeqStatements {
             let read_rows = client
                 .prepare(
                     "SELECT key, next, owner::pg_catalog.oid::pg_catalog.int8, \
-                            xmax::pg_catalog.text::pg_catalog.int8 \
+                            xmax::pg_catalog.text::pg_catalog.int8, made \
                      FROM tsoracle.seq WHERE key OPERATOR(pg_catalog.=) ANY ($1)",
                     &[text_array],
                 )?
@@ -123,6 +123,8 @@ const BUSY_RETRY: std::time::Duration = std::time::Duration::from_millis(100);
 struct Row {
     next: i64,
     owner: u32,
+    /// The key's incarnation (`tsoracle.seq.made`).
+    made: i64,
 }
 
 fn sequence_part(
@@ -208,10 +210,15 @@ fn sequence_part(
         }
         for key in new {
             let owner = owners.get(&key).copied().unwrap_or(0);
-            match subtransaction(|| insert_key(&key, owner)) {
+            // No incarnation while the window does not serve: busy, asked again.
+            let Some(made) = incarnation() else {
+                busy.insert(key, Blocker::Unknown);
+                continue;
+            };
+            match subtransaction(|| insert_key(&key, owner, made)) {
                 Ok(true) => {
                     existing_keys = existing_keys.map(|n| n + 1);
-                    current.insert(key, Row { next: 0, owner });
+                    current.insert(key, Row { next: 0, owner, made });
                 }
                 // Inserted and committed by someone else since it was read: retryable.
                 Ok(false) => {
@@ -237,11 +244,14 @@ fn sequence_part(
     }
 
     let mut out: Vec<(usize, Reply)> = Vec::with_capacity(seq.len());
-    for ((i, _), result) in advances.iter().zip(&plan.results) {
+    for ((i, r), result) in advances.iter().zip(&plan.results) {
         out.push((
             *i,
             match result {
-                Ok(start) => Reply::ok(*start),
+                Ok(start) => Reply {
+                    made: current.get(r.key).map_or(0, |row| row.made),
+                    ..Reply::ok(*start)
+                },
                 Err(CoreError::SeqOverflow { .. }) => Reply::err(ReplyCode::SeqOverflow),
                 Err(CoreError::SeqKeyBusy(key)) => {
                     Reply::busy(busy.get(key).copied().unwrap_or(Blocker::Unknown))
@@ -316,8 +326,9 @@ fn lock_and_read(
             let next = row.get::<i64>(2)?.unwrap_or(0);
             let owner = u32::try_from(row.get::<i64>(3)?.unwrap_or(0)).unwrap_or(0);
             let xmax = u32::try_from(row.get::<i64>(4)?.unwrap_or(0)).unwrap_or(0);
+            let made = row.get::<i64>(5)?.unwrap_or(0);
             lockers.insert(key.clone(), xmax);
-            rows.insert(key, Row { next, owner });
+            rows.insert(key, Row { next, owner, made });
         }
         Ok((locked, rows, lockers))
     })
@@ -330,13 +341,25 @@ fn count_keys() -> u64 {
         .max(0) as u64
 }
 
+/// A new key's incarnation (`tsoracle.seq.made`): a timestamp taken from the window, above
+/// every one issued before, so that a key dropped and made again has a higher one than any
+/// member kept (docs/fleet.md, "What is checked, and refused"). `None` while the window does
+/// not serve.
+fn incarnation() -> Option<i64> {
+    crate::shmem::signals()
+        .ok()
+        .and_then(|signals| signals.window.try_grant(crate::pg::clock::now_ms(), 1).ok())
+        .map(tsoracle_core::timestamp::to_sql)
+}
+
 /// Insert a new key at 0 (its planned value is written with the others); false if it exists
 /// by now.
-fn insert_key(key: &str, owner: u32) -> bool {
+fn insert_key(key: &str, owner: u32, made: i64) -> bool {
     Spi::get_one_with_args::<String>(
-        "INSERT INTO tsoracle.seq (key, next, owner) VALUES ($1, 0, $2::pg_catalog.oid::pg_catalog.regrole) \
+        "INSERT INTO tsoracle.seq (key, next, owner, made) \
+         VALUES ($1, 0, $2::pg_catalog.oid::pg_catalog.regrole, $3) \
          ON CONFLICT (key) DO NOTHING RETURNING key",
-        &[key.into(), i64::from(owner).into()],
+        &[key.into(), i64::from(owner).into(), made.into()],
     )
     .unwrap_or_else(|e| pgrx::error!("tsoracle could not create sequence key \"{key}\": {e}"))
     .is_some()

@@ -12,7 +12,11 @@
 //! - a member that missed the oracle's failover (its `tsoracle.member_oracle` row deleted, then
 //!   restarted), served by the deposed primary brought back by hand, hands out nothing at or
 //!   below what it handed out before: the deposed primary's answers, below the member's own
-//!   past (kept in its own `tsoracle.high_water`), are refused `55000`;
+//!   past (kept in its own `tsoracle.high_water`, and its counters' last blocks in
+//!   `tsoracle.member_counter`), are refused `55000`;
+//! - a counter dropped on the oracle, or through the member, starts again at 0 on a member
+//!   that handed out blocks of it, after the member's restart too (the key's incarnation,
+//!   `tsoracle.seq.made`, is higher);
 //! - a lease whose answer was lost (the oracle's worker paused past the member's
 //!   `tsoracle.extension_timeout_ms`: `40003`, granted later), acquired again by its holder at
 //!   the same epoch once the member's `R` has passed its lowest stamp, comes back renewed: its
@@ -197,6 +201,13 @@ fn a_member_that_missed_the_epoch_hands_out_nothing_below_its_past() {
     let mut m = member("past-m", &oracle_conninfo(&[old.port(), new.port()], MEMBER_ROLE));
     let mut c = m.connect();
     let before: i64 = c.query_one("SELECT tso_next()", &[]).expect("tso_next").get(0);
+    let seq = |c: &mut postgres::Client| -> i64 {
+        c.query_one("SELECT tso_seq('k', 10)", &[]).expect("tso_seq").get(0)
+    };
+    // Blocks of counter k from the old primary, the deposed primary's counter ends there.
+    for _ in 0..3 {
+        seq(&mut c);
+    }
     tsoracle_tests::cluster::wait_replayed(&old, &new).expect("replayed");
     old.stop(StopMode::Fast).expect("stop the oracle's primary");
     promote(&new).expect("promote the oracle's standby");
@@ -210,6 +221,11 @@ fn a_member_that_missed_the_epoch_hands_out_nothing_below_its_past() {
     for _ in 0..10 {
         highest = highest.max(c.query_one("SELECT tso_next()", &[]).expect("tso_next").get(0));
     }
+    // Blocks from the new primary, above the deposed one's counter.
+    let mut counter_end = 0;
+    for _ in 0..3 {
+        counter_end = seq(&mut c) + 10;
+    }
     // The member keeps a bound of what it handed out in its own high-water (it lags by an
     // interval of tsoracle.resolved_interval_ms). Waited for, not asserted: what is checked is
     // what the member hands out below.
@@ -219,7 +235,11 @@ fn a_member_that_missed_the_epoch_hands_out_nothing_below_its_past() {
             .query_opt("SELECT physical_ms FROM tsoracle.high_water", &[])
             .expect("the member's high-water")
             .map(|r| r.get(0));
-        if kept.is_some_and(|k| k >= (highest >> 18) - 1) {
+        let counter: Option<i64> = c
+            .query_opt("SELECT next FROM tsoracle.member_counter WHERE key = 'k'", &[])
+            .expect("the member's counters")
+            .map(|r| r.get(0));
+        if kept.is_some_and(|k| k >= (highest >> 18) - 1) && counter == Some(counter_end) {
             break;
         }
         std::thread::sleep(Duration::from_millis(100));
@@ -236,7 +256,18 @@ fn a_member_that_missed_the_epoch_hands_out_nothing_below_its_past() {
     let mut c = m.connect();
     let started = Instant::now();
     let mut refused = None;
+    let mut counter_refused = None;
     while started.elapsed() < Duration::from_secs(10) {
+        match c.query_one("SELECT tso_seq('k', 10)", &[]) {
+            Ok(row) => {
+                let start: i64 = row.get(0);
+                assert!(start >= counter_end, "block {start} of k, below {counter_end} handed out");
+            }
+            Err(e) if e.code() == Some(&SqlState::OBJECT_NOT_IN_PREREQUISITE_STATE) => {
+                counter_refused = Some(pg_error_string(&e));
+            }
+            Err(_) => {}
+        }
         for sql in [
             "SELECT tso_next()",
             "SELECT ts_lower_bound FROM tso_lease_acquire_bounds('p', 1, 10000)",
@@ -258,6 +289,8 @@ fn a_member_that_missed_the_epoch_hands_out_nothing_below_its_past() {
     }
     let refused = refused.expect("the deposed primary's answers refused 55000");
     assert!(refused.contains("high-water"), "{refused}");
+    let counter_refused = counter_refused.expect("the deposed primary's block of k refused 55000");
+    assert!(counter_refused.contains("handed out as a member"), "{counter_refused}");
     // The deposed primary's epoch is below the new one's, which the member no longer knows:
     // only its own past refuses it.
     let epoch: i64 =
@@ -520,4 +553,57 @@ fn a_member_whose_identity_a_promoted_copy_captured_takes_it_back_by_the_runbook
         let rf: i64 = o.query_one("SELECT tso_fleet_resolved()", &[]).unwrap().get(0);
         (rf >= after).then_some(())
     });
+}
+
+/// A counter dropped on the oracle (`tso_seq_drop()` there, or through the member) starts
+/// again at 0 on a member that handed out blocks of it, after the member's restart too: the
+/// key's new incarnation (`tsoracle.seq.made`) is above the one the member kept. The member
+/// keeps the incarnation the oracle has (read with the counter, in place or by the worker).
+#[test]
+fn a_counter_dropped_on_the_oracle_starts_again_on_a_member() {
+    let oracle = serving_node("drop-oracle", NodeOpts::new());
+    admit_members(&oracle);
+    let mut m = member("drop-m", &oracle_conninfo(&[oracle.port()], MEMBER_ROLE));
+    let mut c = m.connect();
+    let mut o = oracle.connect();
+    let seq = |c: &mut postgres::Client| -> i64 {
+        c.query_one("SELECT tso_seq('d', 5)", &[])
+            .unwrap_or_else(|e| panic!("tso_seq('d', 5): {}", pg_error_string(&e)))
+            .get(0)
+    };
+    // The incarnation kept with end `want`, once it is above `after`.
+    let kept = |c: &mut postgres::Client, want: i64, after: i64| -> i64 {
+        poll_until("the member keeps the block's end", Duration::from_secs(20), || {
+            c.query_opt("SELECT made, next FROM tsoracle.member_counter WHERE key = 'd'", &[])
+                .expect("the member's counters")
+                .filter(|r| r.get::<_, i64>(1) == want && r.get::<_, i64>(0) > after)
+                .map(|r| r.get::<_, i64>(0))
+        })
+    };
+    let made = |o: &mut postgres::Client| -> i64 {
+        o.query_one("SELECT made FROM tsoracle.seq WHERE key = 'd'", &[]).expect("made").get(0)
+    };
+    assert_eq!((seq(&mut c), seq(&mut c)), (0, 5));
+    let first = kept(&mut c, 10, 0);
+    assert_eq!(first, made(&mut o), "the member keeps the oracle's incarnation");
+
+    o.execute("SELECT tso_seq_drop('d')", &[]).expect("drop the key on the oracle");
+    assert_eq!(seq(&mut c), 0, "the key made again starts at 0 on the member");
+    let second = kept(&mut c, 5, first);
+    assert_eq!(second, made(&mut o));
+    drop(c);
+    m.restart(StopMode::Fast).expect("restart the member");
+    let mut c = m.connect();
+    assert_eq!(
+        poll_until("the member serves", Duration::from_secs(30), || {
+            c.query_one("SELECT tso_seq('d', 5)", &[]).ok().map(|r| r.get::<_, i64>(0))
+        }),
+        5
+    );
+
+    // Dropped through the member: the same.
+    c.execute("SELECT tso_seq_drop('d')", &[]).expect("drop the key through the member");
+    assert_eq!(seq(&mut c), 0, "made again through the member, from 0");
+    let third = kept(&mut c, 5, second);
+    assert_eq!(third, made(&mut o));
 }

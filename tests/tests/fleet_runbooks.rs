@@ -210,6 +210,11 @@ fn a_member_leaves_its_fleet_by_the_runbook_under_load() {
     let own_load = timestamps_on(&leaving, &own);
     let own_blocks = blocks_on(&leaving, &keys, &dense);
     own.wait_progress(Instant::now(), 200, "the member serves");
+    // The member keeps the last block of each counter it handed out (when it publishes R).
+    let counters = "SELECT count(*) FROM tsoracle.member_counter";
+    poll_until("the member keeps its blocks", Duration::from_secs(20), || {
+        (one_i64(&mut leaving.connect(), counters) > 0).then_some(())
+    });
 
     let vars = vars(&[("CLUSTER", &leaving), ("ORACLE", &oracle)]);
     // 1. On the member: it hands out nothing more.
@@ -239,9 +244,11 @@ fn a_member_leaves_its_fleet_by_the_runbook_under_load() {
         "the copied high-water bounds the member's values"
     );
     // 3. The mark of a member deleted (without it, the cluster refuses to serve on its own).
+    //    And the counters' last blocks it kept as a member, which its own counters now hold.
     run_step(book.step(3), &leaving, &vars);
     let marks = one_i64(&mut leaving.connect(), "SELECT count(*) FROM tsoracle.member_oracle");
     assert_eq!(marks, 0, "the mark of a member is deleted");
+    assert_eq!(one_i64(&mut leaving.connect(), counters), 0, "its kept blocks are deleted");
     // 4. tsoracle.oracle deleted from the configuration file that set it (the harness's), and
     //    a restart: a standalone cluster.
     leaving.unset_conf("tsoracle.oracle").expect("delete tsoracle.oracle");

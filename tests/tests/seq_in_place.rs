@@ -106,6 +106,17 @@ fn existing_keys_advance_in_place_and_the_rest_goes_to_the_worker() {
     }
     assert_eq!(group_commits(&mut su), created, "the worker served none of the 200 calls");
     assert_eq!(counter(&mut su, "orders"), Some(expected), "tsoracle.seq holds the next start");
+    // A member's block (tsoracle.member_seq) in place too, with the key's incarnation as the
+    // worker made it, read from the page.
+    let made: i64 =
+        su.query_one("SELECT made FROM tsoracle.seq WHERE key = 'orders'", &[]).unwrap().get(0);
+    assert!(made > 0, "a key the worker made has an incarnation");
+    let row = su
+        .query_one("SELECT start, made FROM tsoracle.member_seq(ARRAY['orders'], ARRAY[2])", &[])
+        .unwrap_or_else(|e| panic!("tsoracle.member_seq: {}", pg_error_string(&e)));
+    assert_eq!((row.get::<_, i64>(0), row.get::<_, i64>(1)), (expected, made));
+    assert_eq!(group_commits(&mut su), created, "the member's block was not in place");
+    expected += 2;
 
     su.batch_execute("SET tsoracle.seq_in_place = off").unwrap();
     assert_eq!(seq_ok(&mut su, "orders", 1), expected);

@@ -11,8 +11,7 @@ use tsoracle_core::queue::Ticket;
 /// is sent again until its deadline.
 pub(super) const RETRYABLE: [&str; 2] = ["57P03", "25006"];
 
-const SEQ: &CStr =
-    c"SELECT start, epoch FROM tsoracle.member_seq($1::pg_catalog.text[], $2::pg_catalog.int4[])";
+const SEQ: &CStr = c"SELECT start, epoch, made FROM tsoracle.member_seq($1::pg_catalog.text[], $2::pg_catalog.int4[])";
 const SEQ_PEEK: &CStr = c"SELECT next, epoch FROM tsoracle.member_seq_peek($1::pg_catalog.text)";
 const SEQ_DROP: &CStr = c"SELECT dropped, epoch FROM tsoracle.member_seq_drop($1::pg_catalog.text)";
 const LEASE_ACQUIRE: &CStr = c"SELECT lease_id, ts_lower_bound, ts_upper_bound, expires_at_ms, lease_epoch, epoch FROM tsoracle.member_lease_acquire($1::pg_catalog.text, $2::pg_catalog.int8, $3::pg_catalog.int4, $4::pg_catalog.bool)";
@@ -105,7 +104,11 @@ pub(super) fn answer_call(
                     requests.len()
                 ));
             }
-            rows.iter().map(|row| required(row, 0).map(Reply::ok)).collect::<Result<_, _>>()?
+            // Each block with the key's incarnation, which the member checks (and keeps)
+            // against the blocks it handed out before.
+            rows.iter()
+                .map(|row| Ok(Reply { made: required(row, 2)?, ..Reply::ok(required(row, 0)?) }))
+                .collect::<Result<_, String>>()?
         }
         RequestKind::SeqPeek => vec![match int(&rows[0], 0)? {
             Some(v) => Reply::ok(v),
@@ -125,6 +128,7 @@ pub(super) fn answer_call(
                 expires_at_ms: required(row, 3)?,
                 epoch: required(row, 4)?,
                 table_locked: false,
+                made: 0,
             }]
         }
         RequestKind::LeaseRelease => vec![Reply::ok(first.arg)],

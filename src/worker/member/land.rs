@@ -184,6 +184,7 @@ impl Proxy {
                     answer(&[lost(ticket, &requests)]);
                     return Ok(());
                 }
+                past::handed_out(&mut self.own, &requests, &replies);
                 answer(&[(ticket, replies)]);
                 Ok(())
             }
