@@ -44,6 +44,7 @@ BEGIN
             ON CONFLICT (key) DO UPDATE
             SET next = GREATEST(s.next, EXCLUDED.next),
                 owner = COALESCE(s.owner, EXCLUDED.owner),
+                made = GREATEST(s.made, EXCLUDED.made),
                 updated_at = now();
     ELSIF TG_TABLE_NAME = 'lease' THEN
         INSERT INTO tsoracle.lease AS l SELECT (NEW).*
@@ -95,6 +96,7 @@ BEGIN
         NEW.key := OLD.key;
         NEW.next := GREATEST(NEW.next, OLD.next);
         NEW.owner := COALESCE(OLD.owner, NEW.owner);
+        NEW.made := GREATEST(NEW.made, OLD.made);
     ELSIF TG_TABLE_NAME = 'lease' THEN
         NEW.lease_id := OLD.lease_id;
         NEW.ts_upper_bound_ms := GREATEST(NEW.ts_upper_bound_ms, OLD.ts_upper_bound_ms);
@@ -156,6 +158,13 @@ CREATE TRIGGER only_the_worker_truncate BEFORE TRUNCATE ON tsoracle.fleet_resolv
 CREATE TRIGGER only_the_worker BEFORE INSERT OR UPDATE ON tsoracle.member_oracle
     FOR EACH ROW EXECUTE FUNCTION tsoracle.only_the_worker();
 ALTER TABLE tsoracle.member_oracle ENABLE ALWAYS TRIGGER only_the_worker;
+-- An oracle's epoch base: written by the worker only (a base lowered by hand would let a
+-- promotion after pg_upgrade fence at its deposed primary's epoch).
+CREATE TRIGGER only_the_worker BEFORE INSERT OR UPDATE OR DELETE ON tsoracle.epoch_base
+    FOR EACH ROW EXECUTE FUNCTION tsoracle.only_the_worker();
+ALTER TABLE tsoracle.epoch_base ENABLE ALWAYS TRIGGER only_the_worker;
+CREATE TRIGGER only_the_worker_truncate BEFORE TRUNCATE ON tsoracle.epoch_base
+    FOR EACH STATEMENT EXECUTE FUNCTION tsoracle.only_the_worker();
 -- A member's handed-out counter blocks: written by the worker only (a lower end written by
 -- hand would let an oracle gone back hand the member a block again); a superuser deletes a row
 -- to accept an oracle restored on purpose.

@@ -144,6 +144,18 @@ CREATE TABLE tsoracle.member_counter (
 );
 COMMENT ON TABLE tsoracle.member_counter IS 'On a member: the last block of each counter it handed out (next: one past its last value), with the key''s incarnation on the oracle (made); the member refuses any block the oracle answers below it.';
 
+-- An oracle's epoch base (docs/worker.md, "The fence"): each fence commits the epoch
+-- `base + timeline` (never below the epoch it found), and keeps `base = epoch - timeline`
+-- here in the same commit, so that after pg_upgrade (which starts the timeline again at 1)
+-- or a restore that brought a higher epoch, each promotion still raises the epoch and a
+-- deposed primary answers a lower one than its successor. Written by the worker only.
+CREATE TABLE tsoracle.epoch_base (
+    id         boolean PRIMARY KEY DEFAULT true CHECK (id),
+    base       bigint NOT NULL CHECK (base >= 0),
+    updated_at timestamptz NOT NULL DEFAULT now()
+);
+COMMENT ON TABLE tsoracle.epoch_base IS 'The epoch a fence commits is base + its WAL timeline, never below the epoch in tsoracle.high_water: kept so that every promotion raises the epoch, also after pg_upgrade started the timeline again at 1.';
+
 REVOKE ALL ON SCHEMA tsoracle FROM PUBLIC;
 REVOKE ALL ON ALL TABLES IN SCHEMA tsoracle FROM PUBLIC;
 -- The high-water may be read by anyone (monitoring, tso_status() on a standby).

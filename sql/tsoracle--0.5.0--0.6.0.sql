@@ -52,3 +52,108 @@ LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'member_seq_wrapper';
 REVOKE EXECUTE ON FUNCTION tsoracle.member_seq(text[], integer[]) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION tsoracle.member_seq(text[], integer[]) TO tsoracle_member;
+
+-- An oracle's epoch base (docs/worker.md, "The fence"): each fence commits the epoch
+-- `base + timeline` (never below the epoch it found), and keeps `base = epoch - timeline`
+-- here in the same commit, so that after pg_upgrade (which starts the timeline again at 1)
+-- or a restore that brought a higher epoch, each promotion still raises the epoch and a
+-- deposed primary answers a lower one than its successor. Written by the worker only.
+CREATE TABLE tsoracle.epoch_base (
+    id         boolean PRIMARY KEY DEFAULT true CHECK (id),
+    base       bigint NOT NULL CHECK (base >= 0),
+    updated_at timestamptz NOT NULL DEFAULT now()
+);
+COMMENT ON TABLE tsoracle.epoch_base IS 'The epoch a fence commits is base + its WAL timeline, never below the epoch in tsoracle.high_water: kept so that every promotion raises the epoch, also after pg_upgrade started the timeline again at 1.';
+REVOKE ALL ON tsoracle.epoch_base FROM PUBLIC;
+-- Written by the worker only (a base lowered by hand would let a promotion after pg_upgrade
+-- fence at its deposed primary's epoch).
+CREATE TRIGGER only_the_worker BEFORE INSERT OR UPDATE OR DELETE ON tsoracle.epoch_base
+    FOR EACH ROW EXECUTE FUNCTION tsoracle.only_the_worker();
+ALTER TABLE tsoracle.epoch_base ENABLE ALWAYS TRIGGER only_the_worker;
+CREATE TRIGGER only_the_worker_truncate BEFORE TRUNCATE ON tsoracle.epoch_base
+    FOR EACH STATEMENT EXECUTE FUNCTION tsoracle.only_the_worker();
+
+-- A restored or replicated counter row keeps the newer incarnation (made) of the two merged,
+-- as it keeps the larger next: a member that kept a block of the newer one goes on.
+CREATE OR REPLACE FUNCTION tsoracle.merge_restored_row() RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    -- The upsert below fires this trigger again: let that row through.
+    IF pg_catalog.pg_trigger_depth() > 1 THEN
+        RETURN NEW;
+    END IF;
+    -- A subscriber's copy or apply (replica) merges counters and leases without fencing again
+    -- (the worker reads counters from the table, and loads leases at its next fence); a
+    -- restore, and any high-water, have the worker fence again above what came in.
+    IF pg_catalog.current_setting('session_replication_role') = 'replica' THEN
+        IF TG_TABLE_NAME = 'high_water' THEN
+            PERFORM tsoracle.note_restore();
+        END IF;
+    ELSIF NOT tsoracle.note_restore() THEN
+        RETURN NEW;
+    END IF;
+    -- An upsert, not "update, else insert": the worker may insert the same key between the
+    -- two (its first fence after CREATE EXTENSION, a new counter), and ON CONFLICT waits for
+    -- it and merges instead of failing the restore on the primary key.
+    IF TG_TABLE_NAME = 'high_water' THEN
+        -- While the oracle serves this database, the worker raises the high-water itself
+        -- and this transaction writes (and locks) no row: a restore that stays open for long
+        -- (pg_restore --single-transaction) never holds up the oracle's window extensions.
+        IF tsoracle.raise_restored_high_water((NEW).physical_ms, (NEW).epoch) THEN
+            RETURN NULL;
+        END IF;
+        INSERT INTO tsoracle.high_water AS h SELECT (NEW).*
+            ON CONFLICT (id) DO UPDATE
+            SET physical_ms = GREATEST(h.physical_ms, EXCLUDED.physical_ms),
+                epoch = GREATEST(h.epoch, EXCLUDED.epoch),
+                updated_at = now();
+    ELSIF TG_TABLE_NAME = 'seq' THEN
+        INSERT INTO tsoracle.seq AS s SELECT (NEW).*
+            ON CONFLICT (key) DO UPDATE
+            SET next = GREATEST(s.next, EXCLUDED.next),
+                owner = COALESCE(s.owner, EXCLUDED.owner),
+                made = GREATEST(s.made, EXCLUDED.made),
+                updated_at = now();
+    ELSIF TG_TABLE_NAME = 'lease' THEN
+        INSERT INTO tsoracle.lease AS l SELECT (NEW).*
+            ON CONFLICT (lease_id) DO UPDATE
+            SET ts_upper_bound_ms = GREATEST(l.ts_upper_bound_ms, EXCLUDED.ts_upper_bound_ms),
+                expires_at_ms = GREATEST(l.expires_at_ms, EXCLUDED.expires_at_ms),
+                ts_lower_bound_ms = LEAST(l.ts_lower_bound_ms, EXCLUDED.ts_lower_bound_ms),
+                holds = l.holds OPERATOR(pg_catalog.||) EXCLUDED.holds;
+    ELSE
+        RETURN NEW;
+    END IF;
+    RETURN NULL;  -- inserted or merged above
+END
+$$;
+CREATE OR REPLACE FUNCTION tsoracle.merge_replicated_row() RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF TG_TABLE_NAME = 'high_water' THEN
+        -- Above what this cluster holds: fence again above it once the apply commits.
+        IF NEW.physical_ms > OLD.physical_ms OR NEW.epoch > OLD.epoch THEN
+            PERFORM tsoracle.note_restore();
+        END IF;
+        NEW.id := OLD.id;
+        NEW.physical_ms := GREATEST(NEW.physical_ms, OLD.physical_ms);
+        NEW.epoch := GREATEST(NEW.epoch, OLD.epoch);
+    ELSIF TG_TABLE_NAME = 'seq' THEN
+        NEW.key := OLD.key;
+        NEW.next := GREATEST(NEW.next, OLD.next);
+        NEW.owner := COALESCE(OLD.owner, NEW.owner);
+        NEW.made := GREATEST(NEW.made, OLD.made);
+    ELSIF TG_TABLE_NAME = 'lease' THEN
+        NEW.lease_id := OLD.lease_id;
+        NEW.ts_upper_bound_ms := GREATEST(NEW.ts_upper_bound_ms, OLD.ts_upper_bound_ms);
+        NEW.expires_at_ms := GREATEST(NEW.expires_at_ms, OLD.expires_at_ms);
+        NEW.ts_lower_bound_ms := LEAST(NEW.ts_lower_bound_ms, OLD.ts_lower_bound_ms);
+        NEW.holds := OLD.holds OPERATOR(pg_catalog.||) NEW.holds;
+    END IF;
+    RETURN NEW;
+END
+$$;

@@ -31,6 +31,27 @@ pub fn request_ms(floor_ms: u64, failover_advance_ms: u64) -> u64 {
     floor_ms.saturating_add(failover_advance_ms).min(MAX_SQL_PHYSICAL_MS).max(floor_ms)
 }
 
+/// The epoch a fence commits: the WAL timeline it runs on plus the base this cluster keeps
+/// (`tsoracle.epoch_base`), never below the epoch the durable row already has (`prior`) nor
+/// a restore's (`seed`).
+///
+/// The epoch is what lets a member refuse a deposed primary: a promoted standby must fence at
+/// a higher epoch than any fence of the primary it replaced. The timeline alone does that
+/// until the epoch is carried above it — `pg_upgrade` starts the timeline again at 1 while
+/// the row keeps the epoch, and a restore can bring a higher one — after which the timeline
+/// rises through failovers without raising the epoch. [`base_after`] keeps the difference
+/// durably, so that each later promotion (a higher timeline, the base replicated) raises the
+/// epoch again; a restart on the same timeline gives the same epoch, not a higher one.
+pub fn epoch(prior: u64, base: u64, timeline: u64, seed: u64) -> u64 {
+    base.saturating_add(timeline).max(prior).max(seed)
+}
+
+/// The base to keep after a fence committed `epoch` on `timeline`: `epoch - timeline`, so
+/// that [`epoch`] on a later timeline is above it.
+pub fn base_after(epoch: u64, timeline: u64) -> u64 {
+    epoch.saturating_sub(timeline)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -50,7 +71,40 @@ mod tests {
         assert_eq!(request_ms(MAX_SQL_PHYSICAL_MS, 500), MAX_SQL_PHYSICAL_MS);
     }
 
+    #[test]
+    fn a_failover_after_pg_upgrade_raises_the_epoch() {
+        // Failed over once (timeline 2, epoch 2), then pg_upgrade: timeline 1, epoch 2 kept.
+        let upgraded = epoch(2, 0, 1, 0);
+        assert_eq!(upgraded, 2);
+        let base = base_after(upgraded, 1);
+        // Restarted: the same epoch. Its standby promoted (timeline 2): a higher one.
+        assert_eq!(epoch(upgraded, base, 1, 0), 2);
+        assert_eq!(epoch(upgraded, base, 2, 0), 3, "the timeline alone would give 2 again");
+        // Without a base (no restore, no upgrade) the epoch is the timeline, as before 0.6.0.
+        assert_eq!(epoch(3, 0, 4, 0), 4);
+        assert_eq!(epoch(0, 0, 1, 0), 1);
+    }
+
     proptest! {
+        /// From any state a fence leaves (epoch `e` on timeline `t`, its base kept): a restart
+        /// on the same timeline fences at `e` again, and a promotion to a higher timeline (its
+        /// row and base replicated) fences strictly above `e`; the epoch is never below the
+        /// row's, the seed or the timeline.
+        #[test]
+        fn a_promotion_always_raises_the_epoch_and_a_restart_never_does(
+            prior in 0u64..1_000_000,
+            base in 0u64..1_000_000,
+            timeline in 1u64..1_000_000,
+            seed in 0u64..1_000_000,
+            up in 1u64..1_000,
+        ) {
+            let e = epoch(prior, base, timeline, seed);
+            prop_assert!(e >= prior && e >= seed && e >= timeline);
+            let kept = base_after(e, timeline).max(base);
+            prop_assert_eq!(epoch(e, kept, timeline, 0), e, "a restart");
+            prop_assert!(epoch(e, kept, timeline + up, 0) > e, "a promotion");
+        }
+
         /// The floor is above both high-waters, at least the clock and the seed, and the
         /// request is between the floor and the top of the range.
         #[test]

@@ -235,6 +235,20 @@ impl OwnPast {
     }
 
     /// The oracle's block of `key` from `start` on, from incarnation `made`, may be handed
+    /// out: above every block of the key this member handed out ([`Self::check_handed`]),
+    /// and at or above the counter this cluster had of the key before it joined
+    /// ([`Self::check_block`]) unless the key was dropped and made again since this member
+    /// handed out a block of it (a newer incarnation than the one kept: the drop restarted
+    /// the key for the whole fleet, this cluster's own values of it included).
+    pub fn check_counter(&self, key: &str, made: u64, start: u64) -> Result<(), BelowOwnPast> {
+        self.check_handed(key, made, start)?;
+        match self.handed.get(key) {
+            Some(kept) if made > kept.made => Ok(()),
+            _ => self.check_block(key, start),
+        }
+    }
+
+    /// The oracle's block of `key` from `start` on, from incarnation `made`, may be handed
     /// out: it is above every block of the key handed out as a member.
     pub fn check_handed(&self, key: &str, made: u64, start: u64) -> Result<(), BelowOwnPast> {
         match self.handed.get(key) {
@@ -488,6 +502,21 @@ mod tests {
         keep.handed_out("k", HandedBlock { made: 100, end: 30 });
         keep.kept(&due);
         assert_eq!(keep.due(), vec![("k".to_string(), HandedBlock { made: 100, end: 30 })]);
+    }
+
+    #[test]
+    fn a_drop_restarts_a_key_this_cluster_had_counted_before_it_joined() {
+        // Counted to 50 on its own; the oracle carried it (incarnation 7, from 50).
+        let mut own = OwnPast::new(0, [("k".to_string(), 50)]);
+        assert!(own.check_counter("k", 7, 49).is_err(), "below its own count");
+        assert!(own.check_counter("k", 7, 50).is_ok());
+        own.handed_out("k", HandedBlock { made: 7, end: 60 });
+        // Dropped on the oracle, made again (incarnation 9): from 0.
+        assert!(own.check_counter("k", 9, 0).is_ok());
+        assert!(own.check_counter("other", 9, 0).is_ok(), "a key it never counted");
+        // Never handed out as a member: its own count holds, whatever the incarnation.
+        let fresh = OwnPast::new(0, [("k".to_string(), 50)]);
+        assert!(fresh.check_counter("k", 9, 0).is_err());
     }
 
     proptest! {

@@ -11,8 +11,19 @@ use pgrx::prelude::*;
 use std::time::Duration;
 
 /// The tables this library reads and writes; each must be a member of the extension.
-const TABLES: [&str; 7] =
-    ["high_water", "seq", "lease", "resolved", "member_oracle", "member_lease", "member_identity"];
+const TABLES: [&str; 11] = [
+    "high_water",
+    "seq",
+    "lease",
+    "resolved",
+    "epoch_base",
+    "fleet_member",
+    "fleet_resolved",
+    "member_oracle",
+    "member_lease",
+    "member_identity",
+    "member_counter",
+];
 
 /// What the worker found of the extension in its database.
 enum ExtensionState {

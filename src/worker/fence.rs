@@ -72,8 +72,8 @@ impl Worker {
         // tries again until it can; nothing is served meanwhile, and tso_status() says why.
         let (commit_started, fenced) = loop {
             let commit_started = clock::sample();
-            let epoch = u64::from(timeline).max(self.signals.seed_epoch());
-            match transaction(|| fence_transaction(remembered_ms, min_floor_ms, epoch)) {
+            let (timeline, seed) = (u64::from(timeline), self.signals.seed_epoch());
+            match transaction(|| fence_transaction(remembered_ms, min_floor_ms, timeline, seed)) {
                 Ok(Ok(fenced)) => break (commit_started, fenced),
                 Ok(Err(FenceError::TopOfRange(why))) => {
                     refuse(self.signals, &why);
@@ -153,12 +153,16 @@ enum FenceError {
 
 /// The fence's transaction: read the high-water, write a bound above it at this timeline (in
 /// place, or through MVCC; the very first fence inserts the row), load the leases.
-/// `epoch` is the timeline the fence runs on, or a higher one a restore brought.
+/// The epoch is `tsoracle_core::fence::epoch` of the row's, the timeline the fence runs on
+/// plus the base this cluster keeps (`tsoracle.epoch_base`, raised here by
+/// `tsoracle_core::fence::base_after`), and a higher one a restore brought (`seed`).
 fn fence_transaction(
     remembered_ms: u64,
     min_floor_ms: u64,
-    epoch: u64,
+    timeline: u64,
+    seed: u64,
 ) -> Result<Fenced, FenceError> {
+    let base = read_base()?;
     let advance = guc::failover_advance_ms();
     let now = now_ms();
     let floor = |prior: u64| {
@@ -168,8 +172,11 @@ fn fence_transaction(
             )
         })
     };
-    let plan =
-        |prior: u64, _epoch: u64| floor(prior).map(|f| (fence::request_ms(f, advance), epoch));
+    let plan = |prior: u64, prior_epoch: u64| {
+        floor(prior).map(|f| {
+            (fence::request_ms(f, advance), fence::epoch(prior_epoch, base, timeline, seed))
+        })
+    };
     let raised = match high_water::write(&plan) {
         Ok(raised) => raised,
         Err(RaiseError::Refused(why)) => return Err(FenceError::TopOfRange(why)),
@@ -178,8 +185,14 @@ fn fence_transaction(
         Err(RaiseError::NotOurs) => first_row(&plan)?,
     };
     let floor_ms = floor(raised.prior_ms).map_err(FenceError::TopOfRange)?;
-    // A row written on an older timeline: this server was promoted since.
-    let promoted = raised.prior_epoch > 0 && raised.prior_epoch < epoch;
+    // The base that makes the next promotion's epoch higher than this one, in the same
+    // commit as the epoch.
+    let kept = fence::base_after(raised.epoch, timeline);
+    if kept > base {
+        write_base(kept)?;
+    }
+    // A row written at a lower epoch: this server was promoted since (or a restore raised it).
+    let promoted = raised.prior_epoch > 0 && raised.prior_epoch < raised.epoch;
     // Only a warning: a failure to read pg_stat_replication never holds up the fence.
     let _ = subtransaction(crate::pg::replica::warn_if_unprotected);
     let leases = load_leases(now)?;
@@ -190,6 +203,33 @@ fn fence_transaction(
         leases,
         promoted,
     })
+}
+
+/// This cluster's epoch base (`tsoracle.epoch_base`; 0 without a row).
+fn read_base() -> Result<u64, FenceError> {
+    match subtransaction(|| Spi::get_one::<i64>("SELECT base FROM tsoracle.epoch_base")) {
+        Ok(Ok(base)) => Ok(base.unwrap_or(0).max(0) as u64),
+        Ok(Err(pgrx::spi::Error::InvalidPosition)) => Ok(0),
+        Ok(Err(e)) => Err(FenceError::Retry(format!("could not read the epoch base: {e}"))),
+        Err(e) => Err(FenceError::Retry(format!("could not read the epoch base: {e}"))),
+    }
+}
+
+/// Raise this cluster's epoch base to `base` (never lowered), in the fence's transaction.
+fn write_base(base: u64) -> Result<(), FenceError> {
+    let written = subtransaction(|| {
+        Spi::run_with_args(
+            "INSERT INTO tsoracle.epoch_base AS b (id, base) VALUES (true, $1) \
+             ON CONFLICT (id) DO UPDATE SET base = GREATEST(b.base, EXCLUDED.base), \
+                 updated_at = pg_catalog.now()",
+            &[(base.min(i64::MAX as u64) as i64).into()],
+        )
+    });
+    match written {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(FenceError::Retry(format!("could not keep the epoch base: {e}"))),
+        Err(e) => Err(FenceError::Retry(format!("could not keep the epoch base: {e}"))),
+    }
 }
 
 /// The first fence's insert of the row (an upsert: a restore may insert it at the same time).

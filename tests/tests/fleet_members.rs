@@ -607,3 +607,57 @@ fn a_counter_dropped_on_the_oracle_starts_again_on_a_member() {
     let third = kept(&mut c, 5, second);
     assert_eq!(third, made(&mut o));
 }
+
+/// An oracle whose epoch was carried above its WAL timeline (here by a restored high-water
+/// row at epoch 5; `pg_upgrade` of an oracle that had failed over does the same, the
+/// timeline starting again at 1) fails over: the promoted standby fences at a higher epoch
+/// (6, where the timeline alone gave 5 again), and the deposed primary brought back by hand
+/// answers 5, which the member refuses.
+#[test]
+fn a_promotion_raises_the_epoch_once_it_was_carried_above_the_timeline() {
+    let mut old = serving_node("ebase-old", NodeOpts::new());
+    admit_members(&old);
+    let epoch_of = |n: &Node| -> Option<i64> {
+        n.connect().query_one("SELECT epoch FROM tso_status()", &[]).ok().and_then(|r| r.get(0))
+    };
+    old.connect()
+        .execute(
+            "INSERT INTO tsoracle.high_water (id, physical_ms, epoch) VALUES (true, 0, 5)",
+            &[],
+        )
+        .unwrap_or_else(|e| panic!("a restored high-water at epoch 5: {}", pg_error_string(&e)));
+    poll_until("the oracle fences at epoch 5", Duration::from_secs(20), || {
+        (epoch_of(&old) == Some(5)).then_some(())
+    });
+    let base: i64 =
+        old.connect().query_one("SELECT base FROM tsoracle.epoch_base", &[]).unwrap().get(0);
+    assert_eq!(base, 4, "epoch 5 on timeline 1");
+    let mut new = Node::base_backup_from(&old, "ebase-new").expect("pg_basebackup");
+    new.start().expect("start the oracle's standby");
+    let m = member("ebase-m", &oracle_conninfo(&[old.port(), new.port()], MEMBER_ROLE));
+    let mut c = m.connect();
+    c.query_one("SELECT tso_next()", &[]).expect("served at epoch 5");
+    wait_replayed(&old, &new).expect("replayed");
+    old.stop(StopMode::Fast).expect("stop the oracle's primary");
+    promote(&new).expect("promote the oracle's standby");
+    poll_until("the member serves from the new primary", Duration::from_secs(30), || {
+        c.query_one("SELECT tso_next()", &[]).ok()
+    });
+    assert_eq!(epoch_of(&new), Some(6), "the promotion raised the epoch");
+    let seen: i64 =
+        c.query_one("SELECT oracle_epoch FROM tso_member_status()", &[]).unwrap().get(0);
+    assert_eq!(seen, 6);
+
+    // The deposed primary back, as a primary: epoch 5, refused.
+    new.stop(StopMode::Fast).expect("stop the new primary");
+    old.start().expect("start the deposed primary");
+    old.wait_serving().expect("the deposed primary serves its own clients");
+    assert_eq!(epoch_of(&old), Some(5), "the deposed primary's epoch");
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(8) {
+        if let Ok(row) = c.query_one("SELECT tso_next()", &[]) {
+            panic!("the deposed primary served the member: {}", row.get::<_, i64>(0));
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}

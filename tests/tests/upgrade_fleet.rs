@@ -9,6 +9,10 @@
 //!   the upgraded oracle ("another cluster"): the test checks that they serve nothing then.
 //! - A member, on the old major with the fleet serving, is upgraded: it registers again under
 //!   its old entry (the oracle lists the same members), serves again, and `R_f` moves on.
+//! - An oracle that had failed over (timeline 2, epoch 2) is upgraded: its timeline starts
+//!   again at 1 and it keeps epoch 2 (`tsoracle.epoch_base` 1); its standby, promoted after,
+//!   fences at epoch 3, where the timeline alone gave 2 again: a deposed primary of the
+//!   upgraded oracle answers a lower epoch than its successor.
 //!
 //! The two installations come from `TSORACLE_UPGRADE_FROM_BIN` (the old major) and
 //! `TSORACLE_PG_BIN` (the new one), as for `tests/tests/upgrade.rs`: `make test-upgrade`.
@@ -17,6 +21,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use tsoracle_tests::cluster::{promote, wait_replayed};
 use tsoracle_tests::fleet::{admit_members, member, member_opts, oracle_conninfo, MEMBER_ROLE};
 use tsoracle_tests::fleet_load::{
     check_histories, fleet_resolved, load_members, members_listed, system_identifier,
@@ -192,4 +197,41 @@ fn pg_upgrade_of_a_member_with_the_fleet_serving() {
     wait_resolved_above(&oracle, fresh, "R_f moves on past the upgraded member");
     check_histories(loads, seqs, &history, &dense, &oracle);
     watch.check(20);
+}
+
+#[test]
+fn a_failover_after_pg_upgrade_of_a_failed_over_oracle_raises_the_epoch() {
+    let old_bin = old_bin();
+    let epoch_of = |n: &Node| -> i64 {
+        let mut c = n.connect();
+        tso::wait_serving(&mut c).unwrap_or_else(|e| panic!("{} serving: {e}", n.name()));
+        c.query_one("SELECT epoch FROM tso_status()", &[]).expect("tso_status()").get(0)
+    };
+    let mut first = serving_node("upe-a", NodeOpts::new().bin(&old_bin));
+    let mut second = Node::base_backup_from(&first, "upe-b").expect("pg_basebackup");
+    second.start().expect("start the standby");
+    wait_replayed(&first, &second).expect("replayed");
+    first.stop(StopMode::Fast).expect("stop the first primary");
+    promote(&second).expect("promote the standby");
+    assert_eq!(epoch_of(&second), 2, "failed over once: timeline 2");
+
+    let mut upgraded = upgrade(&mut second, "upe-b-18");
+    assert_eq!(epoch_of(&upgraded), 2, "pg_upgrade keeps the epoch");
+    let mut c = upgraded.connect();
+    let timeline: i32 =
+        c.query_one("SELECT timeline_id FROM pg_control_checkpoint()", &[]).unwrap().get(0);
+    assert_eq!(timeline, 1, "pg_upgrade starts the timeline again");
+    let base: i64 = c.query_one("SELECT base FROM tsoracle.epoch_base", &[]).unwrap().get(0);
+    assert_eq!(base, 1, "epoch 2 on timeline 1");
+    drop(c);
+    let mut third = Node::base_backup_from(&upgraded, "upe-c").expect("pg_basebackup");
+    third.start().expect("start the upgraded oracle's standby");
+    wait_replayed(&upgraded, &third).expect("replayed");
+    upgraded.stop(StopMode::Fast).expect("stop the upgraded oracle");
+    promote(&third).expect("promote its standby");
+    assert_eq!(epoch_of(&third), 3, "the promotion after pg_upgrade raised the epoch");
+    // The deposed primary, brought back: the lower epoch.
+    third.stop(StopMode::Fast).expect("stop the new primary");
+    upgraded.start().expect("start the deposed primary");
+    assert_eq!(epoch_of(&upgraded), 2, "the deposed primary's epoch");
 }

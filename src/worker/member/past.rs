@@ -163,8 +163,7 @@ pub(super) fn check(
         match r.kind {
             RequestKind::SeqAdvance => {
                 let start = u64::try_from(reply.value).unwrap_or(0);
-                own.check_block(r.name(), start)?;
-                own.check_handed(r.name(), u64::try_from(reply.made).unwrap_or(0), start)?
+                own.check_counter(r.name(), u64::try_from(reply.made).unwrap_or(0), start)?
             }
             RequestKind::LeaseAcquire | RequestKind::LeaseRenew => {
                 own.check_lease(u64::try_from(reply.from_ms).unwrap_or(0))?
@@ -188,7 +187,7 @@ pub(super) fn refusals(
             high_water_ms.saturating_add(1)
         ),
         BelowOwnPast::HandedOut { key, kept, .. } => format!(
-            "If the oracle answering is a deposed primary brought back, or a copy restored from a backup, stop it: only the oracle's current primary may serve. If it was restored on purpose, raise its counter above what was handed out (UPDATE tsoracle.seq SET next = {} WHERE key = '{}' on the oracle), then delete this member's row (DELETE FROM tsoracle.member_counter WHERE key = '{}') and restart this member.",
+            "If the oracle answering is a deposed primary brought back, or a copy restored from a backup, stop it: only the oracle's current primary may serve. If it was restored on purpose, raise its counter above every block the members handed out (this member's ends at {}; take the highest next of the key in every member's tsoracle.member_counter: UPDATE tsoracle.seq SET next = GREATEST(next, <highest>) WHERE key = '{}' on the oracle), then delete the key's row here (DELETE FROM tsoracle.member_counter WHERE key = '{}') and restart this member.",
             kept.end,
             key.replace('\'', "''"),
             key.replace('\'', "''")
