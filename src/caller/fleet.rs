@@ -15,6 +15,10 @@ use tsoracle_core::fleet::{
 thread_local! {
     /// The member this session registered (its system identifier), after its hello.
     static REGISTERED: Cell<Option<u64>> = const { Cell::new(None) };
+    /// Where this session last found its member's slot: a hint, checked on every use (the
+    /// slot must still be used by that system identifier), so that a round trip reads one
+    /// slot instead of searching `tsoracle.max_members` of them.
+    static SLOT: Cell<usize> = const { Cell::new(usize::MAX) };
 }
 
 fn session_role() -> u32 {
@@ -142,7 +146,15 @@ fn mine(what: &'static str) -> Result<u64, TsoError> {
 pub fn check_served() -> Result<(), TsoError> {
     let system_id = mine("tsoracle.member_next()")?;
     let fleet = FLEET.share();
-    match fleet.find(system_id).map(|i| fleet.members()[i]) {
+    // A system identifier has one slot at most (a hello finds it before it takes a free
+    // one), so the hint, if it still holds this member, is the slot a search would find.
+    let hinted =
+        fleet.members().get(SLOT.get()).is_some_and(|m| m.used && m.system_id == system_id);
+    let found = if hinted { Some(SLOT.get()) } else { fleet.find(system_id) };
+    if let Some(i) = found {
+        SLOT.set(i);
+    }
+    match found.map(|i| fleet.members()[i]) {
         // Another session took the member over: this one is served nothing more.
         Some(m) if m.holds() && m.session_pid != my_pid() => Err(TsoError::NotServing(format!(
             "another session speaks for member {system_id} now (process {})",
