@@ -14,7 +14,7 @@ CREATE TABLE tsoracle.high_water (
     epoch       bigint NOT NULL CHECK (epoch >= 0),
     updated_at  timestamptz NOT NULL DEFAULT now()
 );
-COMMENT ON TABLE tsoracle.high_water IS 'Durable upper bound (Unix ms) of every timestamp tsoracle has issued; epoch is the WAL timeline of the last fence.';
+COMMENT ON TABLE tsoracle.high_water IS 'Durable upper bound (Unix ms) of every timestamp tsoracle has issued; epoch is the epoch of the last fence (its WAL timeline plus tsoracle.epoch_base.base).';
 SELECT pg_catalog.pg_extension_config_dump('tsoracle.high_water', '');
 
 -- Dense counters for tso_seq(): `next` is the start of the next block. Advanced only by the
@@ -146,7 +146,7 @@ COMMENT ON TABLE tsoracle.member_counter IS 'On a member: the last block of each
 
 -- An oracle's epoch base (docs/worker.md, "The fence"): each fence commits the epoch
 -- `base + timeline` (never below the epoch it found), and keeps `base = epoch - timeline`
--- here in the same commit, so that after pg_upgrade (which starts the timeline again at 1)
+-- here first, in a commit of its own, so that after pg_upgrade (which starts the timeline again at 1)
 -- or a restore that brought a higher epoch, each promotion still raises the epoch and a
 -- deposed primary answers a lower one than its successor. Written by the worker only.
 CREATE TABLE tsoracle.epoch_base (

@@ -55,7 +55,7 @@ GRANT EXECUTE ON FUNCTION tsoracle.member_seq(text[], integer[]) TO tsoracle_mem
 
 -- An oracle's epoch base (docs/worker.md, "The fence"): each fence commits the epoch
 -- `base + timeline` (never below the epoch it found), and keeps `base = epoch - timeline`
--- here in the same commit, so that after pg_upgrade (which starts the timeline again at 1)
+-- here first, in a commit of its own, so that after pg_upgrade (which starts the timeline again at 1)
 -- or a restore that brought a higher epoch, each promotion still raises the epoch and a
 -- deposed primary answers a lower one than its successor. Written by the worker only.
 CREATE TABLE tsoracle.epoch_base (
@@ -65,6 +65,7 @@ CREATE TABLE tsoracle.epoch_base (
 );
 COMMENT ON TABLE tsoracle.epoch_base IS 'The epoch a fence commits is base + its WAL timeline, never below the epoch in tsoracle.high_water: kept so that every promotion raises the epoch, also after pg_upgrade started the timeline again at 1.';
 REVOKE ALL ON tsoracle.epoch_base FROM PUBLIC;
+COMMENT ON TABLE tsoracle.high_water IS 'Durable upper bound (Unix ms) of every timestamp tsoracle has issued; epoch is the epoch of the last fence (its WAL timeline plus tsoracle.epoch_base.base).';
 -- Written by the worker only (a base lowered by hand would let a promotion after pg_upgrade
 -- fence at its deposed primary's epoch).
 CREATE TRIGGER only_the_worker BEFORE INSERT OR UPDATE OR DELETE ON tsoracle.epoch_base

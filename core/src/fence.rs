@@ -43,7 +43,8 @@ pub fn request_ms(floor_ms: u64, failover_advance_ms: u64) -> u64 {
 /// durably, so that each later promotion (a higher timeline, the base replicated) raises the
 /// epoch again; a restart on the same timeline gives the same epoch, not a higher one.
 pub fn epoch(prior: u64, base: u64, timeline: u64, seed: u64) -> u64 {
-    base.saturating_add(timeline).max(prior).max(seed)
+    // Stored as a bigint: never above its top (where a promotion can raise it no more).
+    base.saturating_add(timeline).max(prior).max(seed).min(i64::MAX as u64)
 }
 
 /// The base to keep after a fence committed `epoch` on `timeline`: `epoch - timeline`, so

@@ -73,6 +73,29 @@ impl Worker {
         let (commit_started, fenced) = loop {
             let commit_started = clock::sample();
             let (timeline, seed) = (u64::from(timeline), self.signals.seed_epoch());
+            // The epoch base first, in a commit of its own confirmed on the synchronous
+            // standbys: the fence's high-water (with its epoch) may be written in place and
+            // acknowledged before the fence commits, and a standby promoted then must have
+            // the base that makes its epoch higher.
+            match transaction(|| keep_base(timeline, seed)) {
+                Ok(Ok(())) => crate::pg::replica::confirm_replicated(),
+                Ok(Err(FenceError::TopOfRange(why) | FenceError::Retry(why))) => {
+                    self.fence_blocked(&why);
+                    if !BackgroundWorker::wait_latch(Some(std::time::Duration::from_millis(200))) {
+                        return false;
+                    }
+                    pg_sys::check_for_interrupts!();
+                    continue;
+                }
+                Err(e) => {
+                    self.fence_blocked(&e.to_string());
+                    if !BackgroundWorker::wait_latch(Some(std::time::Duration::from_millis(200))) {
+                        return false;
+                    }
+                    pg_sys::check_for_interrupts!();
+                    continue;
+                }
+            }
             match transaction(|| fence_transaction(remembered_ms, min_floor_ms, timeline, seed)) {
                 Ok(Ok(fenced)) => break (commit_started, fenced),
                 Ok(Err(FenceError::TopOfRange(why))) => {
@@ -185,8 +208,8 @@ fn fence_transaction(
         Err(RaiseError::NotOurs) => first_row(&plan)?,
     };
     let floor_ms = floor(raised.prior_ms).map_err(FenceError::TopOfRange)?;
-    // The base that makes the next promotion's epoch higher than this one, in the same
-    // commit as the epoch.
+    // The base that makes the next promotion's epoch higher than this one (kept before the
+    // fence by `keep_base`; again here, should the row's epoch have moved since).
     let kept = fence::base_after(raised.epoch, timeline);
     if kept > base {
         write_base(kept)?;
@@ -203,6 +226,25 @@ fn fence_transaction(
         leases,
         promoted,
     })
+}
+
+/// Raise the epoch base to what the fence is about to commit (`fence::base_after` of
+/// `fence::epoch` over the row's epoch as it stands), in its own transaction.
+fn keep_base(timeline: u64, seed: u64) -> Result<(), FenceError> {
+    let base = read_base()?;
+    let prior = match subtransaction(|| {
+        Spi::get_one::<i64>("SELECT epoch FROM tsoracle.high_water")
+    }) {
+        Ok(Ok(epoch)) => epoch.unwrap_or(0).max(0) as u64,
+        Ok(Err(pgrx::spi::Error::InvalidPosition)) => 0,
+        Ok(Err(e)) => return Err(FenceError::Retry(format!("could not read the high-water: {e}"))),
+        Err(e) => return Err(FenceError::Retry(format!("could not read the high-water: {e}"))),
+    };
+    let kept = fence::base_after(fence::epoch(prior, base, timeline, seed), timeline);
+    if kept > base {
+        write_base(kept)?;
+    }
+    Ok(())
 }
 
 /// This cluster's epoch base (`tsoracle.epoch_base`; 0 without a row).

@@ -654,10 +654,20 @@ fn a_promotion_raises_the_epoch_once_it_was_carried_above_the_timeline() {
     old.wait_serving().expect("the deposed primary serves its own clients");
     assert_eq!(epoch_of(&old), Some(5), "the deposed primary's epoch");
     let started = Instant::now();
+    let mut said = std::collections::BTreeSet::new();
     while started.elapsed() < Duration::from_secs(8) {
         if let Ok(row) = c.query_one("SELECT tso_next()", &[]) {
             panic!("the deposed primary served the member: {}", row.get::<_, i64>(0));
         }
+        let last: Option<String> = c
+            .query_one("SELECT last_error FROM tso_member_status()", &[])
+            .expect("tso_member_status()")
+            .get(0);
+        said.extend(last);
         std::thread::sleep(Duration::from_millis(200));
     }
+    assert!(
+        said.iter().any(|e| e.contains("from epoch 5, older than epoch 6")),
+        "refused for its epoch: {said:?}"
+    );
 }
