@@ -155,7 +155,7 @@ pub fn lease_above_resolved(
 pub struct OwnPast {
     high_water_ms: u64,
     counters: std::collections::HashMap<String, u64>,
-    handed: std::collections::HashMap<String, HandedBlock>,
+    handed: std::collections::BTreeMap<String, HandedBlock>,
 }
 
 /// The last block of a counter a member handed out, as the oracle answered it: the key's
@@ -192,6 +192,20 @@ impl HandedBlock {
     }
 }
 
+/// `block` of `key` was handed out: `blocks` keeps, per key, the merge of all of them.
+fn note_block(
+    blocks: &mut std::collections::BTreeMap<String, HandedBlock>,
+    key: &str,
+    block: HandedBlock,
+) {
+    match blocks.get_mut(key) {
+        Some(at) => *at = at.merge(block),
+        None => {
+            blocks.insert(key.to_string(), block);
+        }
+    }
+}
+
 /// A value from the oracle that repeats one this cluster issued on its own.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum BelowOwnPast {
@@ -212,7 +226,7 @@ impl OwnPast {
             let at = map.entry(key).or_insert(0);
             *at = next.max(*at);
         }
-        OwnPast { high_water_ms, counters: map, handed: std::collections::HashMap::new() }
+        OwnPast { high_water_ms, counters: map, handed: Default::default() }
     }
 
     /// With the blocks this cluster handed out as a member, as its `tsoracle.member_counter`
@@ -226,12 +240,7 @@ impl OwnPast {
 
     /// A block of `key` was handed out as a member: every later answer must be above it.
     pub fn handed_out(&mut self, key: &str, block: HandedBlock) {
-        match self.handed.get_mut(key) {
-            Some(at) => *at = at.merge(block),
-            None => {
-                self.handed.insert(key.to_string(), block);
-            }
-        }
+        note_block(&mut self.handed, key, block);
     }
 
     /// The oracle's block of `key` from `start` on, from incarnation `made`, may be handed
@@ -310,12 +319,7 @@ pub struct CountersToKeep {
 impl CountersToKeep {
     /// A block of `key` was handed out.
     pub fn handed_out(&mut self, key: &str, block: HandedBlock) {
-        match self.pending.get_mut(key) {
-            Some(at) => *at = at.merge(block),
-            None => {
-                self.pending.insert(key.to_string(), block);
-            }
-        }
+        note_block(&mut self.pending, key, block);
     }
 
     /// What to write now: each key that moved since its last write.
@@ -331,11 +335,6 @@ impl CountersToKeep {
             }
         }
     }
-}
-
-/// One past the last value of a block of `count` values from `start`.
-pub fn block_end(start: u64, count: u64) -> u64 {
-    start.saturating_add(count)
 }
 
 /// The oracle a member was served by, as the member keeps it durably (`tsoracle.member_oracle`):
@@ -541,7 +540,7 @@ mod tests {
                     next = 0;
                 }
                 let start = next;
-                next = block_end(next, u64::from(*count));
+                next += u64::from(*count);
                 prop_assert!(own.check_handed("k", made, start).is_ok());
                 let block = HandedBlock { made, end: next };
                 own.handed_out("k", block);

@@ -404,6 +404,25 @@ mod tests {
         owner_null: bool,
         offset: u16,
     ) -> Vec<u8> {
+        counter_page(key, next, infomask, xmax, owner_null, offset, None)
+    }
+
+    /// The page of a row of 0.6.0's table: `made` after `owner` (NULL or not).
+    fn page_with_made(key: &[u8], next: i64, owner_null: bool, made: i64) -> Vec<u8> {
+        counter_page(key, next, LIVE, 0, owner_null, 1, Some(made))
+    }
+
+    /// A counter row as `heap_form_tuple` lays it out: `(key, next, updated_at, owner)`, and
+    /// `made` when given (a tuple of 0.6.0's table; without it, one from before the column).
+    fn counter_page(
+        key: &[u8],
+        next: i64,
+        infomask: u16,
+        xmax: u32,
+        owner_null: bool,
+        offset: u16,
+        made: Option<i64>,
+    ) -> Vec<u8> {
         let mut data = Vec::new();
         if key.len() < 127 {
             // heap_form_tuple gives a short (1-byte) header when payload + 1 fits in 127 bytes
@@ -420,29 +439,21 @@ mod tests {
         if !owner_null {
             data.extend_from_slice(&16384u32.to_ne_bytes());
         }
-        let nulls = owner_null.then_some(0b0111);
-        page_holding(&header(xmax, offset, 4, infomask, nulls), &data, offset)
-    }
-
-    /// The page of a row of 0.6.0's table: `made` after `owner` (NULL or not).
-    fn page_with_made(key: &[u8], next: i64, owner_null: bool, made: i64) -> Vec<u8> {
-        let mut data = Vec::new();
-        data.push(((key.len() + 1) << 1) as u8 | 0x01);
-        data.extend_from_slice(key);
-        while data.len() % 8 != 0 {
-            data.push(0);
-        }
-        data.extend_from_slice(&next.to_ne_bytes());
-        data.extend_from_slice(&777i64.to_ne_bytes());
-        if !owner_null {
-            data.extend_from_slice(&16384u32.to_ne_bytes());
-            while data.len() % 8 != 0 {
-                data.push(0);
+        let (natts, nulls) = match made {
+            Some(made) => {
+                while data.len() % 8 != 0 {
+                    data.push(0);
+                }
+                data.extend_from_slice(&made.to_ne_bytes());
+                (5, 0b10111)
             }
-        }
-        data.extend_from_slice(&made.to_ne_bytes());
-        let nulls = owner_null.then_some(0b10111);
-        page_holding(&header(0, 1, 5, LIVE, nulls), &data, 1)
+            None => (4, 0b0111),
+        };
+        page_holding(
+            &header(xmax, offset, natts, infomask, owner_null.then_some(nulls)),
+            &data,
+            offset,
+        )
     }
 
     fn high_water_page(physical: i64, epoch: i64, id: u8, infomask: u16, xmax: u32) -> Vec<u8> {

@@ -77,26 +77,16 @@ impl Worker {
             // standbys: the fence's high-water (with its epoch) may be written in place and
             // acknowledged before the fence commits, and a standby promoted then must have
             // the base that makes its epoch higher.
-            match transaction(|| keep_base(timeline, seed)) {
-                Ok(Ok(())) => crate::pg::replica::confirm_replicated(),
-                Ok(Err(FenceError::TopOfRange(why) | FenceError::Retry(why))) => {
-                    self.fence_blocked(&why);
-                    if !BackgroundWorker::wait_latch(Some(std::time::Duration::from_millis(200))) {
-                        return false;
-                    }
-                    pg_sys::check_for_interrupts!();
-                    continue;
+            let attempt = transaction(|| keep_base(timeline, seed)).and_then(|kept| match kept {
+                Ok(base) => {
+                    crate::pg::replica::confirm_replicated();
+                    transaction(|| {
+                        fence_transaction(remembered_ms, min_floor_ms, timeline, seed, base)
+                    })
                 }
-                Err(e) => {
-                    self.fence_blocked(&e.to_string());
-                    if !BackgroundWorker::wait_latch(Some(std::time::Duration::from_millis(200))) {
-                        return false;
-                    }
-                    pg_sys::check_for_interrupts!();
-                    continue;
-                }
-            }
-            match transaction(|| fence_transaction(remembered_ms, min_floor_ms, timeline, seed)) {
+                Err(e) => Ok(Err(e)),
+            });
+            match attempt {
                 Ok(Ok(fenced)) => break (commit_started, fenced),
                 Ok(Err(FenceError::TopOfRange(why))) => {
                     refuse(self.signals, &why);
@@ -177,15 +167,14 @@ enum FenceError {
 /// The fence's transaction: read the high-water, write a bound above it at this timeline (in
 /// place, or through MVCC; the very first fence inserts the row), load the leases.
 /// The epoch is `tsoracle_core::fence::epoch` of the row's, the timeline the fence runs on
-/// plus the base this cluster keeps (`tsoracle.epoch_base`, raised here by
-/// `tsoracle_core::fence::base_after`), and a higher one a restore brought (`seed`).
+/// plus `base` (as [`keep_base`] committed it), and a higher one a restore brought (`seed`).
 fn fence_transaction(
     remembered_ms: u64,
     min_floor_ms: u64,
     timeline: u64,
     seed: u64,
+    base: u64,
 ) -> Result<Fenced, FenceError> {
-    let base = read_base()?;
     let advance = guc::failover_advance_ms();
     let now = now_ms();
     let floor = |prior: u64| {
@@ -208,11 +197,13 @@ fn fence_transaction(
         Err(RaiseError::NotOurs) => first_row(&plan)?,
     };
     let floor_ms = floor(raised.prior_ms).map_err(FenceError::TopOfRange)?;
-    // The base that makes the next promotion's epoch higher than this one (kept before the
-    // fence by `keep_base`; again here, should the row's epoch have moved since).
-    let kept = fence::base_after(raised.epoch, timeline);
-    if kept > base {
-        write_base(kept)?;
+    // The row's epoch moved since keep_base read it (a restore merged a higher one while
+    // nothing was served): its base is not kept yet, so fence again, from keep_base.
+    if fence::base_after(raised.epoch, timeline) > base {
+        return Err(FenceError::Retry(format!(
+            "the high-water's epoch moved to {} while the fence ran",
+            raised.epoch
+        )));
     }
     // A row written at a lower epoch: this server was promoted since (or a restore raised it).
     let promoted = raised.prior_epoch > 0 && raised.prior_epoch < raised.epoch;
@@ -229,48 +220,41 @@ fn fence_transaction(
 }
 
 /// Raise the epoch base to what the fence is about to commit (`fence::base_after` of
-/// `fence::epoch` over the row's epoch as it stands), in its own transaction.
-fn keep_base(timeline: u64, seed: u64) -> Result<(), FenceError> {
-    let base = read_base()?;
-    let prior = match subtransaction(|| {
-        Spi::get_one::<i64>("SELECT epoch FROM tsoracle.high_water")
-    }) {
-        Ok(Ok(epoch)) => epoch.unwrap_or(0).max(0) as u64,
-        Ok(Err(pgrx::spi::Error::InvalidPosition)) => 0,
-        Ok(Err(e)) => return Err(FenceError::Retry(format!("could not read the high-water: {e}"))),
-        Err(e) => return Err(FenceError::Retry(format!("could not read the high-water: {e}"))),
+/// `fence::epoch` over the row's epoch as it stands), in its own transaction; the base kept.
+fn keep_base(timeline: u64, seed: u64) -> Result<u64, FenceError> {
+    let read = |sql: &str, what: &str| {
+        spi_step(what, || Ok(Spi::get_one::<i64>(sql)?.unwrap_or(0).max(0) as u64))
     };
+    let base =
+        read("SELECT COALESCE((SELECT base FROM tsoracle.epoch_base), 0)", "read the epoch base")?;
+    let prior = read(
+        "SELECT COALESCE((SELECT epoch FROM tsoracle.high_water), 0)",
+        "read the high-water's epoch",
+    )?;
     let kept = fence::base_after(fence::epoch(prior, base, timeline, seed), timeline);
-    if kept > base {
-        write_base(kept)?;
+    if kept <= base {
+        return Ok(base);
     }
-    Ok(())
-}
-
-/// This cluster's epoch base (`tsoracle.epoch_base`; 0 without a row).
-fn read_base() -> Result<u64, FenceError> {
-    match subtransaction(|| Spi::get_one::<i64>("SELECT base FROM tsoracle.epoch_base")) {
-        Ok(Ok(base)) => Ok(base.unwrap_or(0).max(0) as u64),
-        Ok(Err(pgrx::spi::Error::InvalidPosition)) => Ok(0),
-        Ok(Err(e)) => Err(FenceError::Retry(format!("could not read the epoch base: {e}"))),
-        Err(e) => Err(FenceError::Retry(format!("could not read the epoch base: {e}"))),
-    }
-}
-
-/// Raise this cluster's epoch base to `base` (never lowered), in the fence's transaction.
-fn write_base(base: u64) -> Result<(), FenceError> {
-    let written = subtransaction(|| {
+    spi_step("keep the epoch base", || {
         Spi::run_with_args(
             "INSERT INTO tsoracle.epoch_base AS b (id, base) VALUES (true, $1) \
              ON CONFLICT (id) DO UPDATE SET base = GREATEST(b.base, EXCLUDED.base), \
                  updated_at = pg_catalog.now()",
-            &[(base.min(i64::MAX as u64) as i64).into()],
+            &[(kept as i64).into()],
         )
-    });
-    match written {
-        Ok(Ok(())) => Ok(()),
-        Ok(Err(e)) => Err(FenceError::Retry(format!("could not keep the epoch base: {e}"))),
-        Err(e) => Err(FenceError::Retry(format!("could not keep the epoch base: {e}"))),
+    })?;
+    Ok(kept)
+}
+
+/// One step of the fence's, in a subtransaction: an error is "not now" (retried).
+fn spi_step<T>(
+    what: &str,
+    step: impl FnOnce() -> Result<T, pgrx::spi::Error>,
+) -> Result<T, FenceError> {
+    match subtransaction(step) {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(FenceError::Retry(format!("could not {what}: {e}"))),
+        Err(e) => Err(FenceError::Retry(format!("could not {what}: {e}"))),
     }
 }
 

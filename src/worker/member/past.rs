@@ -15,10 +15,9 @@ use crate::shmem::member::MEMBER;
 use crate::shmem::{Reply, ReplyCode, Request, RequestKind};
 use pgrx::prelude::*;
 use std::cell::{Cell, RefCell};
-use tsoracle_core::member::{
-    block_end, kept_past_ms, BelowOwnPast, CountersToKeep, HandedBlock, OwnPast,
-};
+use tsoracle_core::member::{kept_past_ms, BelowOwnPast, CountersToKeep, HandedBlock, OwnPast};
 use tsoracle_core::queue::Ticket;
+use tsoracle_core::seq::block_end;
 
 /// What this cluster issued on its own, from its own tables (`None`: shutting down).
 pub(super) fn load() -> Option<OwnPast> {
@@ -142,7 +141,9 @@ pub(super) fn handed_out(own: &mut OwnPast, requests: &[Request], replies: &[Rep
         }
         let block = HandedBlock {
             made: u64::try_from(reply.made).unwrap_or(0),
-            end: block_end(u64::try_from(reply.value).unwrap_or(0), r.count),
+            // The oracle granted it, so it does not overflow; were it to, the top holds.
+            end: u64::try_from(block_end(reply.value.max(0), r.count).unwrap_or(i64::MAX))
+                .unwrap_or(0),
         };
         own.handed_out(r.name(), block);
         COUNTERS.with_borrow_mut(|c| c.handed_out(r.name(), block));
@@ -186,12 +187,10 @@ pub(super) fn refusals(
             "If the oracle answering is a deposed primary brought back, stop it: only the oracle's current primary may serve. Otherwise seed the oracle above this cluster's own values: SELECT tso_seed({}) on the oracle (docs/operations/fleet.md, \"Joining a fleet\").",
             high_water_ms.saturating_add(1)
         ),
-        BelowOwnPast::HandedOut { key, kept, .. } => format!(
-            "If the oracle answering is a deposed primary brought back, or a copy restored from a backup, stop it: only the oracle's current primary may serve. If it was restored on purpose, raise its counter above every block the members handed out (this member's ends at {}; take the highest next of the key in every member's tsoracle.member_counter: UPDATE tsoracle.seq SET next = GREATEST(next, <highest>) WHERE key = '{}' on the oracle), then delete the key's row here (DELETE FROM tsoracle.member_counter WHERE key = '{}') and restart this member.",
-            kept.end,
-            key.replace('\'', "''"),
-            key.replace('\'', "''")
-        ),
+        BelowOwnPast::HandedOut { key, kept, .. } => {
+            let (key, end) = (key.replace('\'', "''"), kept.end);
+            format!("If the oracle answering is a deposed primary brought back, or a copy restored from a backup, stop it: only the oracle's current primary may serve. If it was restored on purpose, raise its counter above every block the members handed out (this member's ends at {end}; take the highest next of the key in every member's tsoracle.member_counter: UPDATE tsoracle.seq SET next = GREATEST(next, <highest>) WHERE key = '{key}' on the oracle), then delete the key's row here (DELETE FROM tsoracle.member_counter WHERE key = '{key}') and restart this member.")
+        }
         BelowOwnPast::Counter { .. } => "Carry this cluster's counters to the oracle: COPY (SELECT key, next FROM tsoracle.seq) here into COPY tsoracle.seq (key, next) on the oracle (docs/operations/fleet.md, \"Joining a fleet\").".to_string(),
     };
     let message = below.to_string();
