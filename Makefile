@@ -164,8 +164,17 @@ package:
 test-package: package
 	scripts/test-package.sh target/packages $(PG_MAJORS)
 
+# The member section's hand-off floor (BENCHMARKS.md, "A member of a fleet"): these sources
+# built with the feature handoff-floor (release, in a target directory of its own; never
+# installed), run as a second member in the same run. Skipped with BENCH_ONLY without member.
+FLOOR_TARGET ?= $(CURDIR)/target/floor
 bench: install
-	BENCH_PG_BIN="$$(scripts/pg-install.sh $(PG_MAJOR))" scripts/bench.sh
+	set -e; bin="$$(scripts/pg-install.sh $(PG_MAJOR))"; floor=""; \
+	case " $${BENCH_ONLY:-member} " in *" member "*) \
+		out=$$(CARGO_TARGET_DIR=$(FLOOR_TARGET) TSORACLE_FEATURES=handoff-floor scripts/build-ext.sh "$$bin/pg_config"); \
+		floor=$$(find "$$out" -name tsoracle.so -print -quit) ;; \
+	esac; \
+	BENCH_PG_BIN="$$bin" BENCH_FLOOR_SO="$$floor" scripts/bench.sh
 
 clean:
 	cargo clean

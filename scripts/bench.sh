@@ -50,6 +50,10 @@
 # CARGO_TARGET_DIR=target/floor TSORACLE_FEATURES=handoff-floor INSTALL_PROFILE=tests
 # scripts/build-ext.sh PG_CONFIG)/<pkglibdir>/tsoracle.so BENCH_ONLY=member, a build whose
 # member answers tso_next() without its oracle (the report says so).
+# BENCH_FLOOR_SO: such a handoff-floor tsoracle.so (`make bench` builds one, release profile,
+# in target/floor): the member section then starts a second member on it, beside the first and
+# of the same oracle, and interleaves its one-row INSERTs with the first member's: the ratio of
+# the member against its hand-off floor in the same run (empty: no floor rows).
 #
 # The server runs from a private snapshot of the PostgreSQL installation (postgres, pg_ctl,
 # initdb, the libraries, the share directory) taken at the start, with tsoracle.so and its SQL
@@ -151,7 +155,7 @@ cleanup() {
         as_pg "$BIN/pg_ctl" -D "$DATA" -m immediate -w stop >/dev/null 2>&1 || true
     fi
     local d
-    for d in "$WORK/member" "$WORK/oracle"; do
+    for d in "$WORK/member" "$WORK/member-floor" "$WORK/oracle"; do
         if [ -s "$d/PG_VERSION" ]; then
             as_pg "$BIN/pg_ctl" -D "$d" -m immediate -w stop >/dev/null 2>&1 || true
         fi
@@ -199,6 +203,17 @@ for _ in $(seq 1 30); do
 done
 [ "$snap_ok" = 1 ] || die "$SRC_SO kept changing: could not take a consistent copy"
 chmod -R a+rX "$PGROOT"
+# The hand-off floor's member runs from a snapshot of its own: the same installation, the same
+# SQL scripts, its tsoracle.so the floor build.
+FLOOR_SO=${BENCH_FLOOR_SO:-}
+if [ -n "$FLOOR_SO" ]; then
+    [ -f "$FLOOR_SO" ] || die "BENCH_FLOOR_SO=$FLOOR_SO: no such file"
+    grep -qa 'built with the feature handoff-floor' "$FLOOR_SO" \
+        || die "BENCH_FLOOR_SO=$FLOOR_SO was not built with the feature handoff-floor"
+    FROOT="$WORK/floor-root"
+    cp -a "$PGROOT" "$FROOT" && cp "$FLOOR_SO" "$FROOT$SYS_PKGLIB/tsoracle.so" || die "the floor's snapshot failed"
+    FBIN="$FROOT$SYS_BINDIR"
+fi
 
 PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 [ "$PORT" != 55432 ] || PORT=55433
@@ -589,23 +604,27 @@ if want member; then
 # tso_next() on the member against SELECT 1 on the member and tso_next() on the oracle; the
 # values the member fetched per round trip (tso_member_status()); one client's latency against
 # member SELECT 1 plus a round trip to the oracle (SELECT 1 there).
-if [ -n "$MEMBER_CLIENTS" ]; then
-    MDATA="$WORK/member"
+# start_member NAME BIN: initdb $WORK/NAME from the installation BIN as a member of this
+# cluster, start it and wait until it serves; sets MPORT and MSQL (psql on it).
+start_member() {
+    local data="$WORK/$1" state=""
     MPORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-    echo "==> a member of this cluster (port $MPORT; clients: $MEMBER_CLIENTS)" >&2
-    "$ROOT/scripts/init-cluster.sh" "$BIN" "$MDATA" "$MPORT" "$WORK" "max_connections=$MAX_CONN" "jit=off" \
-        "tsoracle.oracle=host=$WORK port=$PORT user=postgres dbname=postgres" || die "initdb of the member failed"
-    as_pg "$BIN/pg_ctl" -D "$MDATA" -l "$WORK/member.log" -w -t 60 start >/dev/null \
-        || { tail -n 30 "$WORK/member.log" >&2; die "the member did not start"; }
+    "$ROOT/scripts/init-cluster.sh" "$2" "$data" "$MPORT" "$WORK" "max_connections=$MAX_CONN" "jit=off" \
+        "tsoracle.oracle=host=$WORK port=$PORT user=postgres dbname=postgres" || die "initdb of $1 failed"
+    as_pg "$2/pg_ctl" -D "$data" -l "$WORK/$1.log" -w -t 60 start >/dev/null \
+        || { tail -n 30 "$WORK/$1.log" >&2; die "$1 did not start"; }
     MSQL=("$SYSBIN/psql" -X -q -At -h "$WORK" -p "$MPORT" -U postgres -d postgres -v ON_ERROR_STOP=1)
-    "${MSQL[@]}" -c "CREATE EXTENSION tsoracle" || die "CREATE EXTENSION on the member failed"
-    mstate=""
+    "${MSQL[@]}" -c "CREATE EXTENSION tsoracle" || die "CREATE EXTENSION on $1 failed"
     for _ in $(seq 1 300); do
-        mstate=$("${MSQL[@]}" -c "SELECT state FROM tso_status()" 2>/dev/null)
-        [ "$mstate" = serving ] && break
+        state=$("${MSQL[@]}" -c "SELECT state FROM tso_status()" 2>/dev/null)
+        [ "$state" = serving ] && break
         sleep 0.2
     done
-    [ "$mstate" = serving ] || { tail -n 30 "$WORK/member.log" >&2; die "the member is not serving ($mstate)"; }
+    [ "$state" = serving ] || { tail -n 30 "$WORK/$1.log" >&2; die "$1 is not serving ($state)"; }
+}
+if [ -n "$MEMBER_CLIENTS" ]; then
+    echo "==> a member of this cluster (clients: $MEMBER_CLIENTS)" >&2
+    start_member member "$BIN"
     member_counts() { "${MSQL[@]}" -c "SELECT round_trips || ' ' || values_fetched FROM tso_member_status()"; }
     for c in $MEMBER_CLIENTS; do
         for r in $(seq 1 "$REPS"); do
@@ -635,15 +654,40 @@ if [ -n "$MEMBER_CLIENTS" ]; then
         CREATE TABLE t_clock (ts timestamptz NOT NULL DEFAULT clock_timestamp(), v int NOT NULL) WITH (autovacuum_enabled = off);
         CREATE INDEX ON t_tso (ts); CREATE INDEX ON t_clock (ts)" || die "the member's write tables"
     mem_prep() { "${MSQL[@]}" -c "TRUNCATE t_$1" && "${MSQL[@]}" -c "CHECKPOINT"; }
-    echo "==> member INSERT INTO t(v) VALUES (\$1), ts DEFAULT tso_next() vs clock_timestamp() (clients: $WRITE_CLIENTS)" >&2
+    inserts="tso clock"
+    if [ -n "$FLOOR_SO" ]; then
+        # The floor's member: the same settings, the same oracle, the same table; stopped
+        # once its rows are measured.
+        echo "==> the hand-off floor's member ($FLOOR_SO)" >&2
+        mport=$MPORT msql=("${MSQL[@]}")
+        start_member member-floor "$FBIN"
+        FDATA="$WORK/member-floor" FPORT=$MPORT FSQL=("${MSQL[@]}")
+        MPORT=$mport MSQL=("${msql[@]}")
+        "${FSQL[@]}" -c "CREATE TABLE t_tso (ts bigint NOT NULL DEFAULT tso_next(), v int NOT NULL) WITH (autovacuum_enabled = off);
+            CREATE INDEX ON t_tso (ts)" || die "the floor's member's table"
+        inserts="tso clock floor"
+    fi
+    echo "==> member INSERT INTO t(v) VALUES (\$1), ts DEFAULT tso_next() vs clock_timestamp()${FLOOR_SO:+ vs the hand-off floor} (clients: $WRITE_CLIENTS)" >&2
     for c in $WRITE_CLIENTS; do
         for r in $(seq 1 "$REPS"); do
-            for x in $(rotated "$r" tso clock); do
+            for x in $(rotated "$r" $inserts); do
+                if [ "$x" = floor ]; then
+                    { "${FSQL[@]}" -c "TRUNCATE t_tso" && "${FSQL[@]}" -c "CHECKPOINT"; } || die "preparing the floor's t_tso failed"
+                    TARGET_PORT=$FPORT run_pgbench mem_ins_floor ins_tso "$c" "$r"
+                    continue
+                fi
                 mem_prep "$x" || die "preparing the member's t_$x failed"
                 TARGET_PORT=$MPORT run_pgbench "mem_ins_$x" "ins_$x" "$c" "$r"
             done
         done
     done
+    if [ -n "$FLOOR_SO" ]; then
+        grep -E 'PANIC|terminated by signal' "$WORK/member-floor.log" | head -n 3 | while read -r line; do rec fail mem_ins_floor 1 1 "$line"; done
+        # A floor whose proxy connected again meanwhile measured reconnections, not the hand-off.
+        connects=$("${FSQL[@]}" -c "SELECT connects FROM tso_member_status()")
+        [ "$connects" = 1 ] || rec fail mem_ins_floor 1 1 "the floor's member connected to the oracle $connects times, not once"
+        as_pg "$FBIN/pg_ctl" -D "$FDATA" -m fast -w stop >/dev/null 2>&1
+    fi
     echo "==> member COPY and INSERT ... SELECT of $COPY_ROWS rows, ts DEFAULT tso_next() vs clock_timestamp(), $COPY_REPS repetitions" >&2
     seq 1 "$COPY_ROWS" >"$WORK/copy.data"
     for r in $(seq 1 "$COPY_REPS"); do
@@ -855,22 +899,37 @@ if want oracle && [ -n "$ORACLE_MEMBERS" ]; then
     oracle_procs() { python3 "$HERE/oracle_procs.py" "$OPM" "$1"; }
     # sleep_until T S: sleep until S seconds after the instant T (date +%s.%N).
     sleep_until() { sleep "$(awk -v t="$1" -v s="$2" -v now="$(date +%s.%N)" 'BEGIN { d = t + s - now; print (d > 0 ? d : 0) }')"; }
+    # gone: wait until the previous point's sessions have ended (a hello for a member whose
+    # session lives is refused).
+    gone() {
+        for _ in $(seq 1 100); do
+            [ "$(oracle_procs pss)" = "0 0" ] && break
+            sleep 0.1
+        done
+    }
     for m in $ORACLE_MEMBERS; do
+        jobs=$m
+        [ "$jobs" -le "$(nproc)" ] || jobs=$(nproc)
+        # Connections and hellos take about 1 s per 200 members on 2 idle cores, several
+        # times that on busy ones: measured once every member has said hello on a live
+        # session (or after `ramp` seconds), for half of BENCH_ORACLE_SECONDS.
+        ramp=$(( m / 50 + 3 ))
+        secs=$(( ORACLE_SECS + ramp ))
+        # The baseline: as many sessions of the same role making prepared SELECT 1 round
+        # trips, no hello: what any round trip to this server costs with m backends sharing
+        # the cores (report.py: the rate after every client's first, as for the members).
+        gone
+        tag="oracle.m$m.select1"
+        if "$SYSBIN/pgbench" -h "$WORK" -p "$OPORT" -U bench_member -n -M prepared -T "$secs" -c "$m" -j "$jobs" \
+            -f "$HERE/select1.sql" -l --log-prefix="$RUNS/txlog.$tag" postgres >"$RUNS/$tag.out" 2>&1 \
+            && grep -q '^tps = ' "$RUNS/$tag.out"; then
+            rec oracle_base "$m" "$RUNS/txlog.$tag"
+        else
+            rec fail "$tag" "$m" 1 "$(grep -m 1 -iE 'error|abort|fatal' "$RUNS/$tag.out" | tr '\t' ' ')"
+        fi
         for k in $ORACLE_K; do
-            # The previous point's members gone (a hello for a member whose session lives is refused).
-            for _ in $(seq 1 100); do
-                [ "$(oracle_procs pss)" = "0 0" ] && break
-                sleep 0.1
-            done
+            gone
             tag="oracle.m$m.k$k"
-            jobs=$m
-            [ "$jobs" -le "$(nproc)" ] || jobs=$(nproc)
-            # Connections and hellos take about 1 s per 200 members on 2 idle cores, several
-            # times that on busy ones: measured once every member has said hello on a live
-            # session (or after `ramp` seconds), for half of BENCH_ORACLE_SECONDS.
-            ramp=$(( m / 50 + 3 ))
-            secs=$(( ORACLE_SECS + ramp ))
-            started=$(date +%s.%N)
             "$SYSBIN/pgbench" -h "$WORK" -p "$OPORT" -U bench_member -n -M prepared -T "$secs" -c "$m" -j "$jobs" \
                 -D hello=0 -D k="$k" -D ver="$OVER" -f "$HERE/oracle_member.sql" \
                 -l --log-prefix="$RUNS/txlog.$tag" postgres >"$RUNS/$tag.out" 2>&1 &

@@ -44,6 +44,7 @@ status = {}
 fails = []
 member_rt = collections.defaultdict(dict)  # clients -> {rep: (round trips, values) during the run}
 oracle_pts = []  # (members, k, log prefix, Pss kB of the member backends, backends, cores)
+oracle_base = {}  # members -> log prefix of as many sessions' prepared SELECT 1 (the baseline)
 
 ap = argparse.ArgumentParser(description="the tsoracle benchmark report")
 ap.add_argument("results")
@@ -86,6 +87,11 @@ with open(args.results) as f:
             try:
                 oracle_pts.append((int(parts[1]), int(parts[2]), parts[3],
                                    int(parts[4]), int(parts[5]), float(parts[6])))
+            except (ValueError, IndexError):
+                pass
+        elif kind == "oracle_base":
+            try:
+                oracle_base[int(parts[1])] = parts[2]
             except (ValueError, IndexError):
                 pass
         elif kind == "member":
@@ -361,6 +367,12 @@ if ("mem_tso_next", 1) in lat:
 for c in sorted({c for (w, c) in tps if w == "mem_ins_tso"}):
     tps_row("member INSERT, ts DEFAULT tso_next()", "mem_ins_tso", "member ts DEFAULT clock_timestamp()",
             "mem_ins_clock", c, 0.85)
+for c in sorted({c for (w, c) in tps if w == "mem_ins_floor"}):
+    # BENCH_FLOOR_SO: a second member, built with handoff-floor, its INSERTs interleaved.
+    tps_row("member INSERT, ts DEFAULT tso_next()", "mem_ins_tso", "the same on the hand-off floor's member",
+            "mem_ins_floor", c, 0.90)
+    tps_row("hand-off floor's member INSERT", "mem_ins_floor", "member ts DEFAULT clock_timestamp()",
+            "mem_ins_clock", c)
 
 
 def copy_rate(wl):
@@ -663,15 +675,24 @@ def steady_rate(prefix):
 if oracle_pts:
     w("an oracle serving simulated members (one pgbench client each: a hello, then tsoracle.member_next(k) round trips)")
     w(f"  {'members':>7s} {'k':>3s} {'round trips/s':>14s} {'values/s':>12s} {'p50':>9s} {'p99':>9s} "
-      f"{'backends':>8s} {'their Pss':>10s} {'per member':>10s} {'oracle cores':>12s}")
+      f"{'backends':>8s} {'their Pss':>10s} {'per member':>10s} {'oracle cores':>12s} "
+      f"{'SELECT 1/s':>11s} {'ratio':>6s}")
+    base_rate = {m: steady_rate(prefix) for m, prefix in oracle_base.items()}
     for m, k, prefix, pss, backends, cores in sorted(oracle_pts):
         p = percentiles(prefix, skip_first=True) or {}
         rate = steady_rate(prefix)
+        base = base_rate.get(m)
         per = f"{pss / backends / 1024:.1f} MiB" if backends else "?"
         rt = f"{rate:14,.0f}" if rate else f"{'?':>14s}"
         vals = f"{rate * k:12,.0f}" if rate else f"{'?':>12s}"
+        b = f"{base:11,.0f}" if base else f"{'?':>11s}"
+        ratio = fmt_ratio(rate / base if rate and base else None)
         w(f"  {m:7d} {k:3d} {rt} {vals} {fmt_lat(p.get('p50')):>9s} {fmt_lat(p.get('p99')):>9s} "
-          f"{backends:8d} {pss / 1024:6.0f} MiB {per:>10s} {(f'{cores:.2f}' if cores >= 0 else '?'):>12s}")
+          f"{backends:8d} {pss / 1024:6.0f} MiB {per:>10s} {(f'{cores:.2f}' if cores >= 0 else '?'):>12s} "
+          f"{b} {ratio:>6s}")
+    w("  SELECT 1/s: as many sessions of the same role making prepared SELECT 1 round trips on the")
+    w("  oracle, in the same run; ratio: round trips/s against it (k values per round trip, so")
+    w("  SELECT 1/s x k is what values/s at k would be if a round trip cost no more than SELECT 1)")
     w("  " + first("oracle_bench"))
     w("  " + first("oracle_load"))
     w("")

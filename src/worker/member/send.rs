@@ -81,7 +81,7 @@ impl Proxy {
             let Flight::Next { total, calls } = flight else { continue };
             #[cfg(feature = "handoff-floor")]
             {
-                answer_without_oracle(self.signals, total, &calls);
+                answer_without_oracle(total, &calls);
                 continue;
             }
             #[cfg_attr(feature = "handoff-floor", allow(unreachable_code))]
@@ -185,13 +185,15 @@ impl Proxy {
 /// installation): the values of a round trip made up here, above the clock and every earlier
 /// one, the oracle not asked. What is left of a member's call is the hand-off between its
 /// backend and this process: the floor of any design in which a statement waits for another
-/// process (BENCHMARKS.md, "A member of a fleet").
+/// process (BENCHMARKS.md, "A member of a fleet"). `member_floor` is left alone: it is the
+/// floor of what the oracle answers, and the heartbeats still go to the oracle; raised by
+/// values made up here, it would make the proxy refuse the oracle's next heartbeat as an
+/// oracle gone back, and connect again (what broke this floor after 0.5.0).
 #[cfg(feature = "handoff-floor")]
-fn answer_without_oracle(signals: &Signals, total: u32, calls: &[(Ticket, u32)]) {
+fn answer_without_oracle(total: u32, calls: &[(Ticket, u32)]) {
     use std::sync::atomic::{AtomicU64, Ordering};
     static NEXT: AtomicU64 = AtomicU64::new(0);
     NEXT.fetch_max(clock::now_ms() << tsoracle_core::timestamp::LOGICAL_BITS, Ordering::Relaxed);
     let first = NEXT.fetch_add(u64::from(total), Ordering::Relaxed);
-    signals.member_floor.raise(floor_after(first, total));
     answer(&answer_next(first, calls));
 }
