@@ -945,6 +945,16 @@ fn a_lease_through_a_member_holds_its_r_across_restarts() {
         .unwrap()
         .get(0);
     assert!(kept >= 1, "the member keeps the lease");
+    // Renewed and read through the member too (each kind of the member's statements runs on
+    // the oracle session its hello named: src/worker/member/calls.rs).
+    let upper: i64 = c
+        .query_one("SELECT ts_upper_bound FROM tso_lease_renew($1)", &[&lease])
+        .expect("renew the lease through the member")
+        .get(0);
+    assert!(upper >= lower, "renewed up to {upper}, below its lowest stamp {lower}");
+    let frontier: i64 =
+        c.query_one("SELECT tso_safe_frontier()", &[]).expect("the safe frontier").get(0);
+    assert!(frontier > 0, "the safe frontier through the member: {frontier}");
     c.query_one("SELECT tso_lease_release($1)", &[&lease]).expect("release the lease");
     poll_until("R passes the lease's lowest stamp once released", Duration::from_secs(20), || {
         let _: i64 = c.query_one("SELECT tso_next()", &[]).unwrap().get(0);

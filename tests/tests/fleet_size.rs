@@ -12,6 +12,11 @@
 //! - a real member that finds the fleet full: its callers get `53400` and the oracle's HINT,
 //!   not `57P03` after `tsoracle.extension_timeout_ms`; once a place is freed it is served.
 //!
+//! - a member's statements run only on the oracle session that said its hello: through
+//!   PgBouncer in transaction mode, with one server connection for two members, the second
+//!   one's hello does not let the first speak for it (its reports never land in the
+//!   second's entry), and the first says why.
+//!
 //! Run with: `cargo test -p tsoracle-tests --test fleet_size -- --test-threads=2`
 
 use std::time::Duration;
@@ -19,6 +24,8 @@ use std::time::Duration;
 use postgres::error::SqlState;
 use postgres::Client;
 use tsoracle_tests::fleet::{admit_members, member, member_opts, oracle_conninfo, MEMBER_ROLE};
+use tsoracle_tests::fleet_load::system_identifier;
+use tsoracle_tests::pooler::{create_role, PgBouncer, PgBouncerOpts};
 use tsoracle_tests::{expect_sqlstate, pg_error_string, poll_until, serving_node, Node, NodeOpts};
 
 const MAX_MEMBERS: i64 = 128;
@@ -172,4 +179,70 @@ fn an_oracle_admits_max_members_and_refuses_the_next_with_its_reason() {
     let b: i64 = full.connect().query_one("SELECT tso_next()", &[]).unwrap().get(0);
     assert!(b > a, "{b} after {a}");
     assert_eq!(slots_in_use(&oracle), MAX_MEMBERS);
+}
+
+#[test]
+fn through_a_transaction_pooler_no_member_speaks_for_another() {
+    const ROLE: &str = "pooled_member";
+    const PASSWORD: &str = "pooled-member-password";
+    let oracle = serving_node("fs-pool-oracle", NodeOpts::new());
+    create_role(&mut oracle.connect(), ROLE, &["tsoracle_member"]).expect("the members' role");
+    // One server connection for every client of the pool, released at each transaction's end.
+    let bouncer = PgBouncer::start(
+        "fs-pool-bouncer",
+        PgBouncerOpts::new().user(ROLE, PASSWORD).database(
+            "postgres",
+            &oracle,
+            "pool_size=1 pool_mode=transaction",
+        ),
+    )
+    .expect("start pgbouncer");
+    let conninfo = bouncer.conninfo("postgres", ROLE, PASSWORD);
+    // Alone, every statement of the first member runs on that connection: it is served. An
+    // open transaction holds its R, so its reports name that backend (`held_by_pid`).
+    let a = member("fs-pool-a", &conninfo);
+    let mut holder = a.connect();
+    holder.batch_execute("BEGIN; SELECT tso_next()").expect("the first member is served");
+    let holder_pid: i32 = holder.query_one("SELECT pg_backend_pid()", &[]).unwrap().get(0);
+    poll_until("the first member's report names its holder", Duration::from_secs(30), || {
+        let held: Option<i32> = oracle
+            .connect()
+            .query_one(
+                "SELECT held_by_pid FROM tso_fleet_status() WHERE held_by_pid = $1",
+                &[&holder_pid],
+            )
+            .ok()?
+            .get(0);
+        held.map(|_| ())
+    });
+
+    // The second says hello on the same server connection, while the first keeps reporting
+    // (every tsoracle.resolved_interval_ms): none of its reports may land in the second's
+    // entry, whichever member said the last hello on that connection.
+    let b = Node::start_new("fs-pool-b", member_opts(&conninfo)).expect("start the member");
+    b.connect().batch_execute("CREATE EXTENSION tsoracle").expect("CREATE EXTENSION");
+    let b_id = system_identifier(&mut b.connect());
+    poll_until("the second member's hello", Duration::from_secs(30), || {
+        listed(&oracle).contains(&b_id).then_some(())
+    });
+    let mut watch = oracle.connect();
+    for _ in 0..250 {
+        let held: Option<i32> = watch
+            .query_one("SELECT held_by_pid FROM tso_fleet_status() WHERE system_id = $1", &[&b_id])
+            .unwrap()
+            .get(0);
+        assert_ne!(
+            held,
+            Some(holder_pid),
+            "the first member's report landed in the second's entry"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    holder.batch_execute("COMMIT").ok();
+    let log = a.log_contents();
+    assert!(
+        log.contains("a session this member's hello did not name, and did nothing"),
+        "the first member did not say why it stopped:\n{}",
+        a.log_tail(40)
+    );
 }

@@ -11,14 +11,51 @@ use tsoracle_core::queue::Ticket;
 /// is sent again until its deadline.
 pub(super) const RETRYABLE: [&str; 2] = ["57P03", "25006"];
 
-const SEQ: &CStr = c"SELECT start, epoch, made FROM tsoracle.member_seq($1::pg_catalog.text[], $2::pg_catalog.int4[])";
-const SEQ_PEEK: &CStr = c"SELECT next, epoch FROM tsoracle.member_seq_peek($1::pg_catalog.text)";
-const SEQ_DROP: &CStr = c"SELECT dropped, epoch FROM tsoracle.member_seq_drop($1::pg_catalog.text)";
-const LEASE_ACQUIRE: &CStr = c"SELECT lease_id, ts_lower_bound, ts_upper_bound, expires_at_ms, lease_epoch, epoch FROM tsoracle.member_lease_acquire($1::pg_catalog.text, $2::pg_catalog.int8, $3::pg_catalog.int4, $4::pg_catalog.bool)";
-const LEASE_RENEW: &CStr = c"SELECT lease_id, ts_lower_bound, ts_upper_bound, expires_at_ms, lease_epoch, epoch FROM tsoracle.member_lease_renew($1::pg_catalog.int8, $2::pg_catalog.bool)";
+/// The setting of the oracle session in which a member's hello names its connection.
+macro_rules! session_setting {
+    () => {
+        "tsoracle_member.session"
+    };
+}
+pub(super) use session_setting;
+
+/// Statement `$sql`, run only on the oracle session whose hello named this connection (its
+/// parameter `$n` is that name: `HELLO` in mod.rs): elsewhere it does nothing (a one-time
+/// filter, evaluated before the function) and answers no row.
+macro_rules! gated {
+    ($sql:literal, $n:literal) => {
+        match ::std::ffi::CStr::from_bytes_with_nul(
+            concat!(
+                $sql,
+                " WHERE pg_catalog.current_setting('",
+                $crate::worker::member::calls::session_setting!(),
+                "', true) = $",
+                $n,
+                "::pg_catalog.text\0"
+            )
+            .as_bytes(),
+        ) {
+            Ok(sql) => sql,
+            Err(_) => panic!("a statement with a NUL inside"),
+        }
+    };
+}
+pub(super) use gated;
+
+const SEQ: &CStr = gated!("SELECT start, epoch, made FROM tsoracle.member_seq($1::pg_catalog.text[], $2::pg_catalog.int4[])", 3);
+const SEQ_PEEK: &CStr =
+    gated!("SELECT next, epoch FROM tsoracle.member_seq_peek($1::pg_catalog.text)", 2);
+const SEQ_DROP: &CStr =
+    gated!("SELECT dropped, epoch FROM tsoracle.member_seq_drop($1::pg_catalog.text)", 2);
+const LEASE_ACQUIRE: &CStr = gated!("SELECT lease_id, ts_lower_bound, ts_upper_bound, expires_at_ms, lease_epoch, epoch FROM tsoracle.member_lease_acquire($1::pg_catalog.text, $2::pg_catalog.int8, $3::pg_catalog.int4, $4::pg_catalog.bool)", 5);
+const LEASE_RENEW: &CStr = gated!("SELECT lease_id, ts_lower_bound, ts_upper_bound, expires_at_ms, lease_epoch, epoch FROM tsoracle.member_lease_renew($1::pg_catalog.int8, $2::pg_catalog.bool)", 3);
 const LEASE_RELEASE: &CStr =
-    c"SELECT $1::pg_catalog.int8, tsoracle.member_lease_release($1::pg_catalog.int8)";
-const FRONTIER: &CStr = c"SELECT frontier, epoch FROM tsoracle.member_safe_frontier()";
+    gated!("SELECT $1::pg_catalog.int8, tsoracle.member_lease_release($1::pg_catalog.int8)", 2);
+const FRONTIER: &CStr = gated!("SELECT frontier, epoch FROM tsoracle.member_safe_frontier()", 1);
+
+/// Why a statement answered no row: it ran on an oracle session whose hello did not name this
+/// connection, and did nothing there.
+pub(super) const OTHER_SESSION: &str = "the oracle answered from a session this member's hello did not name, and did nothing: its statements reach other backends than the one that said its hello (tsoracle.oracle through a pooler in transaction mode?); connect to the oracle directly or through a pooler in session mode";
 
 /// A text array literal of `items`, each quoted.
 fn text_array<'a>(items: impl Iterator<Item = &'a str>) -> String {
@@ -27,8 +64,8 @@ fn text_array<'a>(items: impl Iterator<Item = &'a str>) -> String {
     format!("{{{}}}", quoted.join(","))
 }
 
-/// The statement and parameters that carry out one call on the oracle; `None` for a call no
-/// statement carries (it is refused).
+/// The statement and parameters that carry out one call on the oracle, but for the last (the
+/// connection's name in its session); `None` for a call no statement carries (it is refused).
 pub(super) fn call_statement(requests: &[Request]) -> Option<(&'static CStr, Vec<String>)> {
     let first = requests.first()?;
     let all = |kind: RequestKind| requests.iter().all(|r| r.kind == kind);
@@ -85,6 +122,9 @@ pub(super) fn answer_call(
     rows: &[Vec<Option<String>>],
 ) -> Result<(Vec<Reply>, u64), String> {
     let first = requests.first().ok_or("a call without requests")?;
+    if rows.is_empty() {
+        return Err(OTHER_SESSION.into());
+    }
     let epoch_col = match first.kind {
         RequestKind::LeaseAcquire | RequestKind::LeaseRenew => 5,
         _ => 1,

@@ -49,7 +49,10 @@ impl Proxy {
                 Ok(rows) => {
                     let epoch = rows
                         .first()
-                        .and_then(|r| r.first().cloned().flatten())
+                        .ok_or(OTHER_SESSION)?
+                        .first()
+                        .cloned()
+                        .flatten()
                         .and_then(|e| e.parse::<u64>().ok())
                         .ok_or("the oracle's answer to a report has no epoch")?;
                     self.check_epoch(epoch)
@@ -245,7 +248,7 @@ fn statement_lost(e: &crate::pg::libpq::RemoteError) -> String {
 }
 
 fn first_and_epoch(rows: &[Vec<Option<String>>]) -> Result<(u64, u64), String> {
-    let row = rows.first().ok_or("the oracle answered no row")?;
+    let row = rows.first().ok_or(OTHER_SESSION)?;
     row.first()
         .cloned()
         .flatten()

@@ -49,7 +49,9 @@ use crate::pg::wait_set::SocketWait;
 use crate::shmem::member::{Text, MEMBER};
 use crate::shmem::{self, Phase, Reply, ReplyCode, Request, RequestKind, Signals, QUEUE};
 pub(crate) use alone::wait_until_alone;
-use calls::{answer_call, answer_next, call_statement, lost, remote, rereadable, RETRYABLE};
+use calls::{
+    answer_call, answer_next, call_statement, lost, remote, rereadable, OTHER_SESSION, RETRYABLE,
+};
 use grants::{grants_lease, Grants};
 use identity::Identity;
 pub(crate) use past::{due as past_due, keep as keep_past, kept as past_kept};
@@ -77,9 +79,26 @@ const MAX_IN_FLIGHT: usize = 4;
 /// How long calls refused for now (`57P03`, `25006`) wait before they are sent again.
 const RETRY_PAUSE: Duration = Duration::from_millis(20);
 
-const HELLO: &CStr = c"SELECT system_id, version, epoch FROM tsoracle.member_hello($1::pg_catalog.int8, $2::pg_catalog.text, $3::pg_catalog.int8)";
-const REPORT: &CStr = c"SELECT tsoracle.member_report($1::pg_catalog.int8, $2::pg_catalog.int4)";
-const NEXT: &CStr = c"SELECT tsoracle.member_next($1::pg_catalog.int4)";
+/// The hello also names this connection in its oracle session (`calls::session_setting!`, a
+/// placeholder setting of the session): every later statement carries that name as its last parameter
+/// and runs only where the setting holds it (`WHERE`, a one-time filter evaluated before the
+/// function), so that a statement that reaches another backend — through a pooler in
+/// transaction mode, one that said another member's hello — does nothing and answers no row
+/// (`calls::OTHER_SESSION`). Any oracle version evaluates it: the member alone decides it.
+const HELLO: &CStr = match CStr::from_bytes_with_nul(
+    concat!(
+        "SELECT system_id, version, epoch, pg_catalog.set_config('",
+        calls::session_setting!(),
+        "', $4::pg_catalog.text, false) FROM tsoracle.member_hello($1::pg_catalog.int8, $2::pg_catalog.text, $3::pg_catalog.int8)\0"
+    )
+    .as_bytes(),
+) {
+    Ok(sql) => sql,
+    Err(_) => panic!("a statement with a NUL inside"),
+};
+const REPORT: &CStr =
+    calls::gated!("SELECT tsoracle.member_report($1::pg_catalog.int8, $2::pg_catalog.int4)", 3);
+const NEXT: &CStr = calls::gated!("SELECT tsoracle.member_next($1::pg_catalog.int4)", 2);
 /// `NEXT`, prepared once per connection right after the hello: the oracle's backend then only
 /// executes it, with no parsing or planning per round trip.
 const NEXT_PREPARED: &CStr = c"tsoracle_member_next";
@@ -161,6 +180,10 @@ pub(super) struct Proxy {
     identity: Identity,
     /// The last hello's refusal, when callers are told it as it came (`refused.rs`).
     refused: Option<crate::pg::libpq::RemoteError>,
+    /// This connection's name in its oracle session, set by its hello (`HELLO`).
+    session: String,
+    /// Connections made by this process: part of `session`.
+    connections: u64,
 }
 
 /// `tsoracle.oracle` as libpq reads it, with any password hidden; a connection string libpq
@@ -212,6 +235,8 @@ pub(super) fn run(signals: &'static Signals, conninfo: String, shown: String) {
         durable_epoch: 0,
         identity,
         refused: None,
+        session: String::new(),
+        connections: 0,
     };
     set_phase(signals, Phase::Starting);
     loop {
@@ -337,6 +362,12 @@ impl Proxy {
         // This member's own R (0 before its first value since it started): the oracle
         // registers it at or below that.
         let resolved = crate::shmem::holders::primary_resolved(self.signals).unwrap_or(0);
+        // Unique to this connection among every member's: the system identifier, this
+        // process and its count of connections.
+        self.connections += 1;
+        // SAFETY: a plain read of this process's pid.
+        let pid = unsafe { pgrx::pg_sys::MyProcPid };
+        self.session = format!("{system_id}.{pid}.{}", self.connections);
         conn.send(
             HELLO,
             &[
@@ -344,6 +375,7 @@ impl Proxy {
                 // The run it speaks for, after the version (`tsoracle_core::fleet::RunClaim`).
                 self.identity.claim().version_text(crate::pg::EXTENSION_VERSION),
                 resolved.to_string(),
+                self.session.clone(),
             ],
         )?;
         MEMBER.exclusive().oracle_pid = conn.backend_pid();

@@ -86,9 +86,8 @@ impl Proxy {
             }
             #[cfg_attr(feature = "handoff-floor", allow(unreachable_code))]
             if failed.is_none() {
-                match self
-                    .queue_statement(|conn| conn.send_prepared(NEXT_PREPARED, &[total.to_string()]))
-                {
+                let params = [total.to_string(), self.session.clone()];
+                match self.queue_statement(|conn| conn.send_prepared(NEXT_PREPARED, &params)) {
                     Ok(()) => {
                         let flight = Flight::Next { calls, total };
                         self.sent.push_back(Sent { flight, at: Instant::now(), result: None });
@@ -101,11 +100,12 @@ impl Proxy {
             self.retry_next(calls);
         }
         for w in others {
-            let Some((sql, params)) = call_statement(&w.requests) else {
+            let Some((sql, mut params)) = call_statement(&w.requests) else {
                 answer(&[(w.ticket, vec![Reply::err(ReplyCode::Refused); w.requests.len()])]);
                 continue;
             };
             if failed.is_none() {
+                params.push(self.session.clone());
                 match self.queue_statement(|conn| conn.send(sql, &params)) {
                     Ok(()) => {
                         if grants_lease(&w.requests) {
@@ -143,7 +143,7 @@ impl Proxy {
         if self.sent.is_empty()
             && self.last_next.elapsed().as_millis() as u64 >= guc::resolved_interval_ms()
         {
-            conn.send_prepared(NEXT_PREPARED, &["1".to_string()])?;
+            conn.send_prepared(NEXT_PREPARED, &["1".to_string(), self.session.clone()])?;
             self.sent.push_back(Sent {
                 flight: Flight::Heartbeat,
                 at: Instant::now(),
@@ -157,7 +157,7 @@ impl Proxy {
         {
             if let Ok(r) = crate::shmem::holders::primary_resolved(self.signals) {
                 let held_by = crate::shmem::holders::oldest_holder().1.map_or(0, |(_, pid)| pid);
-                conn.send(REPORT, &[r.to_string(), held_by.to_string()])?;
+                conn.send(REPORT, &[r.to_string(), held_by.to_string(), self.session.clone()])?;
                 self.sent.push_back(Sent {
                     flight: Flight::Report,
                     at: Instant::now(),
