@@ -38,6 +38,9 @@ fn my_pid() -> i32 {
 /// it. A run that takes the entry over without proving that the run before it ended
 /// (`tsoracle_core::fleet::takeover`) holds the entry where it is until a superuser releases it.
 pub fn register(system_id: u64, reported: u64, claim: Option<RunClaim>) -> Result<(), TsoError> {
+    // Until this hello is answered, this session speaks for no member: a hello that fails
+    // (its wait below cut short) leaves none, not the one an earlier hello registered here.
+    REGISTERED.set(None);
     let signals = shmem::signals()?;
     let role = session_role();
     let mut fleet = FLEET.exclusive();
@@ -129,11 +132,16 @@ pub fn register(system_id: u64, reported: u64, claim: Option<RunClaim>) -> Resul
             signals.wake_worker();
         }
     }
-    REGISTERED.set(Some(system_id));
     // Answered once the run and any hold are kept: the member names this run as the one
     // before its next only after this hello is answered (`Identity::registered` there), so
-    // the run it names is one the oracle's restart or failover still knows.
-    wait_persisted(system_id, "keep this member's run in tsoracle.fleet_member").map(|_| ())
+    // the run it names is one the oracle's restart or failover still knows. Only then does
+    // this session speak for the member: a hello that fails here (a timeout, a cancel)
+    // leaves it speaking for none, as the statement that failed set nothing of its own
+    // (a member's hello also names its connection in the session: its later statements run
+    // only where that name holds, src/worker/member/calls.rs).
+    wait_persisted(system_id, "keep this member's run in tsoracle.fleet_member")?;
+    REGISTERED.set(Some(system_id));
+    Ok(())
 }
 
 /// The slot of this session's member, if it registered and is still there.

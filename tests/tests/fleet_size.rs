@@ -17,6 +17,9 @@
 //!   one's hello does not let the first speak for it (its reports never land in the
 //!   second's entry), and the first says why.
 //!
+//! - a hello that fails (the oracle's worker paused, its wait cut short) leaves its session
+//!   speaking for no member, not for the one an earlier hello registered there.
+//!
 //! Run with: `cargo test -p tsoracle-tests --test fleet_size -- --test-threads=2`
 
 use std::time::Duration;
@@ -72,6 +75,14 @@ fn listed(oracle: &Node) -> Vec<i64> {
         .collect()
 }
 
+/// The version of tsoracle installed on `node`, which a simulated member's hello names.
+fn extension_version(node: &Node) -> String {
+    node.connect()
+        .query_one("SELECT extversion FROM pg_extension WHERE extname = 'tsoracle'", &[])
+        .unwrap()
+        .get(0)
+}
+
 fn hint(e: &postgres::Error) -> String {
     e.as_db_error().and_then(|d| d.hint()).unwrap_or_default().to_string()
 }
@@ -85,11 +96,7 @@ fn an_oracle_admits_max_members_and_refuses_the_next_with_its_reason() {
             .setting("max_connections", 200),
     );
     admit_members(&oracle);
-    let version: String = oracle
-        .connect()
-        .query_one("SELECT extversion FROM pg_extension WHERE extname = 'tsoracle'", &[])
-        .unwrap()
-        .get(0);
+    let version = extension_version(&oracle);
     let shown: String =
         oracle.connect().query_one("SHOW tsoracle.max_members", &[]).unwrap().get(0);
     assert_eq!(shown, MAX_MEMBERS.to_string());
@@ -245,4 +252,42 @@ fn through_a_transaction_pooler_no_member_speaks_for_another() {
         "the first member did not say why it stopped:\n{}",
         a.log_tail(40)
     );
+}
+
+#[test]
+fn a_hello_that_failed_leaves_its_session_speaking_for_no_member() {
+    let oracle = serving_node(
+        "fs-hello-oracle",
+        NodeOpts::new().setting("tsoracle.extension_timeout_ms", 1000),
+    );
+    admit_members(&oracle);
+    let version = extension_version(&oracle);
+    let (first, second) = (FIRST_ID + 1_000, FIRST_ID + 1_001);
+    let mut s = hello(&oracle, first, &version).expect("the first member's hello");
+    next(&mut s, 1);
+    let report = "SELECT tsoracle.member_report(1, 0)";
+    s.query_one(report, &[]).expect("the first member reports on its session");
+
+    // The second member's hello on the same session cannot be made durable: it fails.
+    let worker = oracle.worker_pid();
+    oracle.pause_pid(worker, true);
+    let failed = s.query("SELECT * FROM tsoracle.member_hello($1, $2, 0)", &[&second, &version]);
+    oracle.pause_pid(worker, false);
+    assert!(failed.is_err(), "a hello answered while the oracle's worker was paused");
+
+    // The session speaks for neither: not for the second, whose hello failed, nor for the
+    // first (its member's later statements run only where its hello's name holds).
+    let e = s.query_one(report, &[]).expect_err("a report counted after a failed hello");
+    assert_eq!(
+        e.code(),
+        Some(&SqlState::OBJECT_NOT_IN_PREREQUISITE_STATE),
+        "{}",
+        pg_error_string(&e)
+    );
+    let reported: Option<std::time::SystemTime> = oracle
+        .connect()
+        .query_one("SELECT reported_at FROM tso_fleet_status() WHERE system_id = $1", &[&second])
+        .unwrap()
+        .get(0);
+    assert_eq!(reported, None, "a report landed in the entry of a member whose hello failed");
 }

@@ -29,7 +29,7 @@ macro_rules! gated {
                 $sql,
                 " WHERE pg_catalog.current_setting('",
                 $crate::worker::member::calls::session_setting!(),
-                "', true) = $",
+                "', true) OPERATOR(pg_catalog.=) $",
                 $n,
                 "::pg_catalog.text\0"
             )
