@@ -393,18 +393,7 @@ mod tests {
     /// The page `heap_form_tuple` would make for `(key, next, updated_at, owner)`, owner
     /// NULL or not.
     fn page_with(key: &[u8], next: i64, infomask: u16, owner_null: bool, offset: u16) -> Vec<u8> {
-        page_with_xmax(key, next, infomask, 0, owner_null, offset)
-    }
-
-    fn page_with_xmax(
-        key: &[u8],
-        next: i64,
-        infomask: u16,
-        xmax: u32,
-        owner_null: bool,
-        offset: u16,
-    ) -> Vec<u8> {
-        counter_page(key, next, infomask, xmax, owner_null, offset, None)
+        counter_page(key, next, infomask, 0, owner_null, offset, None)
     }
 
     /// The page of a row of 0.6.0's table: `made` after `owner` (NULL or not).
@@ -524,15 +513,15 @@ mod tests {
             other[0] ^= 0x01;
             if other[0] == 0 { other[0] = 2; }
             prop_assert_eq!(counter_tuple(&page, 3, offset, &other), Err(NotInPlace::KeyMismatch));
-            let deleted = page_with_xmax(&key, next, HEAP_XMIN_COMMITTED, locker, true, offset);
+            let deleted = counter_page(&key, next, HEAP_XMIN_COMMITTED, locker, true, offset, None);
             prop_assert_eq!(counter_tuple(&deleted, 3, offset, &key), Err(NotInPlace::Deleted));
             let aborted = page_with(&key, next, HEAP_XMIN_INVALID | HEAP_XMAX_INVALID, true, offset);
             prop_assert_eq!(counter_tuple(&aborted, 3, offset, &key), Err(NotInPlace::Aborted));
             let unhinted = page_with(&key, next, HEAP_XMAX_INVALID, true, offset);
             prop_assert!(!counter_tuple(&unhinted, 3, offset, &key).unwrap().xmin_committed);
-            let locked = page_with_xmax(&key, next, LOCKED, locker, true, offset);
+            let locked = counter_page(&key, next, LOCKED, locker, true, offset, None);
             prop_assert_eq!(counter_tuple(&locked, 3, offset, &key).unwrap().xmax, Xmax::LockedBy(locker), "a row lock is the caller's to check");
-            let multi = page_with_xmax(&key, next, LOCKED | HEAP_XMAX_IS_MULTI, locker, true, offset);
+            let multi = counter_page(&key, next, LOCKED | HEAP_XMAX_IS_MULTI, locker, true, offset, None);
             prop_assert_eq!(counter_tuple(&multi, 3, offset, &key), Err(NotInPlace::Locked));
             let frozen = page_with(&key, next, HEAP_XMIN_COMMITTED | HEAP_XMIN_INVALID | HEAP_XMAX_INVALID, true, offset);
             prop_assert!(counter_tuple(&frozen, 3, offset, &key).unwrap().xmin_committed, "frozen is committed");

@@ -19,25 +19,30 @@ macro_rules! session_setting {
 }
 pub(super) use session_setting;
 
+/// A statement's text from literals (and macros that expand to literals), NUL-terminated.
+macro_rules! sql {
+    ($($part:tt)+) => {
+        match ::std::ffi::CStr::from_bytes_with_nul(concat!($($part)+, "\0").as_bytes()) {
+            Ok(sql) => sql,
+            Err(_) => panic!("a statement with a NUL inside"),
+        }
+    };
+}
+pub(super) use sql;
+
 /// Statement `$sql`, run only on the oracle session whose hello named this connection (its
 /// parameter `$n` is that name: `HELLO` in mod.rs): elsewhere it does nothing (a one-time
 /// filter, evaluated before the function) and answers no row.
 macro_rules! gated {
     ($sql:literal, $n:literal) => {
-        match ::std::ffi::CStr::from_bytes_with_nul(
-            concat!(
-                $sql,
-                " WHERE pg_catalog.current_setting('",
-                $crate::worker::member::calls::session_setting!(),
-                "', true) OPERATOR(pg_catalog.=) $",
-                $n,
-                "::pg_catalog.text\0"
-            )
-            .as_bytes(),
-        ) {
-            Ok(sql) => sql,
-            Err(_) => panic!("a statement with a NUL inside"),
-        }
+        $crate::worker::member::calls::sql!(
+            $sql,
+            " WHERE pg_catalog.current_setting('",
+            $crate::worker::member::calls::session_setting!(),
+            "', true) OPERATOR(pg_catalog.=) $",
+            $n,
+            "::pg_catalog.text"
+        )
     };
 }
 pub(super) use gated;

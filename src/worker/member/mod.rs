@@ -80,22 +80,15 @@ const MAX_IN_FLIGHT: usize = 4;
 const RETRY_PAUSE: Duration = Duration::from_millis(20);
 
 /// The hello also names this connection in its oracle session (`calls::session_setting!`, a
-/// placeholder setting of the session): every later statement carries that name as its last parameter
-/// and runs only where the setting holds it (`WHERE`, a one-time filter evaluated before the
-/// function), so that a statement that reaches another backend — through a pooler in
-/// transaction mode, one that said another member's hello — does nothing and answers no row
-/// (`calls::OTHER_SESSION`). Any oracle version evaluates it: the member alone decides it.
-const HELLO: &CStr = match CStr::from_bytes_with_nul(
-    concat!(
-        "SELECT system_id, version, epoch, pg_catalog.set_config('",
-        calls::session_setting!(),
-        "', $4::pg_catalog.text, false) FROM tsoracle.member_hello($1::pg_catalog.int8, $2::pg_catalog.text, $3::pg_catalog.int8)\0"
-    )
-    .as_bytes(),
-) {
-    Ok(sql) => sql,
-    Err(_) => panic!("a statement with a NUL inside"),
-};
+/// placeholder setting of the session): every later statement carries that name as its last
+/// parameter and runs only where the setting holds it (`calls::gated!`), so that a statement
+/// that reaches another backend — through a pooler in transaction mode, one that said another
+/// member's hello — does nothing and answers no row (`calls::OTHER_SESSION`).
+const HELLO: &CStr = calls::sql!(
+    "SELECT system_id, version, epoch, pg_catalog.set_config('",
+    calls::session_setting!(),
+    "', $4::pg_catalog.text, false) FROM tsoracle.member_hello($1::pg_catalog.int8, $2::pg_catalog.text, $3::pg_catalog.int8)"
+);
 const REPORT: &CStr =
     calls::gated!("SELECT tsoracle.member_report($1::pg_catalog.int8, $2::pg_catalog.int4)", 3);
 const NEXT: &CStr = calls::gated!("SELECT tsoracle.member_next($1::pg_catalog.int4)", 2);
