@@ -32,18 +32,25 @@ impl Worker {
         };
         // This cluster's own R every interval only, whatever the fleet needs in between.
         let local = on_time && r > self.signals.published_resolved().0;
+        // A member that published nothing for half tsoracle.window_ahead_ms (cut off from its
+        // oracle, or idle) commits all the same, as an oracle's worker does with its window:
+        // its standbys show they replay (TsoracleStandbyNotReplaying pages a standby that
+        // replayed no commit for a minute, not every member's standby in an oracle outage).
+        let beat = !oracle && on_time && !local && member_beat_due(now);
         // The fleet's R_f, from this R and the members' entries, in the same transaction.
         let fleet = oracle && (on_time || urgent) && super::fleet::due(r);
         // On a member: a lagging bound of what it fetched, raised in its own high-water in
         // the same transaction (refused below after a restart: member/past.rs).
         let past = if !oracle && on_time { super::member::past_due(self.signals) } else { None };
-        if !local && !fleet && past.is_none() {
+        if !local && !fleet && past.is_none() && !beat {
             return;
         }
         let past_written = std::cell::Cell::new(false);
         let written = transaction(|| -> Result<Option<super::fleet::Written>, pgrx::spi::Error> {
             if local {
                 publish(Published::Local, r)?;
+            } else if beat {
+                beat_row()?;
             }
             if let Some(due) = &past {
                 // In a subtransaction: a high-water row locked or broken holds up this bound,
@@ -84,6 +91,9 @@ impl Worker {
                 if local {
                     self.signals.set_published_resolved(r, clock::now_ms());
                 }
+                if !oracle {
+                    MEMBER_COMMITTED_MONO_MS.set(now);
+                }
                 if let Some(due) = past.as_ref().filter(|_| past_written.get()) {
                     super::member::past_kept(due);
                 }
@@ -102,6 +112,37 @@ impl Worker {
             pgrx::warning!("tsoracle could not publish the resolved timestamp {r}: {failure}; retrying every tsoracle.resolved_interval_ms");
         }
     }
+}
+
+impl Worker {
+    /// On a member not connected to its oracle (it publishes nothing then): the commit
+    /// `publish_resolved` makes at least every half `tsoracle.window_ahead_ms`, without `R`.
+    pub(super) fn member_beat(&mut self) {
+        let now = clock::mono_ms();
+        if !member_beat_due(now) {
+            return;
+        }
+        // A beat that fails (tsoracle.resolved locked, or not there yet) is tried again half
+        // a window later, not at every tick.
+        let _ = transaction(beat_row);
+        MEMBER_COMMITTED_MONO_MS.set(now);
+    }
+}
+
+/// A commit that writes nothing but the time of `tsoracle.resolved`'s row.
+fn beat_row() -> Result<(), pgrx::spi::Error> {
+    Spi::run("UPDATE tsoracle.resolved SET updated_at = pg_catalog.now() WHERE id")
+}
+
+thread_local! {
+    /// On a member: when its worker last committed a publication (monotonic clock).
+    static MEMBER_COMMITTED_MONO_MS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// On a member: half `tsoracle.window_ahead_ms` has passed since its worker last committed a
+/// publication.
+fn member_beat_due(now: u64) -> bool {
+    now.saturating_sub(MEMBER_COMMITTED_MONO_MS.get()) >= (guc::window_ahead_ms() / 2).max(1)
 }
 
 /// Once a minute at most: a member's bound of its past is tried again every interval.

@@ -9,7 +9,8 @@
 //! - a procedure's transactions never share a reservation (its `COMMIT` is a boundary), nor
 //!   does work at commit (a deferred trigger) share its statement's;
 //! - errors pass through the statement hooks whole (constraint name, CONTEXT);
-//! - the member's `R` stays below the first value of a transaction whose statement reserved.
+//! - the member's `R` stays below the first value of a transaction whose statement reserved;
+//! - a member cut off from its oracle still commits, so its standbys do not page.
 //!
 //! The values a statement takes are seen as they are taken through `RAISE NOTICE`, which a
 //! client receives before the statement ends.
@@ -22,9 +23,12 @@ use std::time::{Duration, Instant};
 
 use postgres::error::SqlState;
 use postgres::{Client, NoTls};
+use tsoracle_tests::alerts::record;
+use tsoracle_tests::exporter::Exporter;
 use tsoracle_tests::fleet::{admit_members, member, oracle_conninfo, MEMBER_ROLE};
 use tsoracle_tests::{
     expect_sqlstate, ops, poll_until, serving_node, Got, History, Node, NodeOpts, SplitMix64,
+    StopMode,
 };
 
 /// A function that takes one value and tells it (a NOTICE) before returning it.
@@ -277,4 +281,51 @@ fn a_statement_takes_its_values_in_few_round_trips_and_leaves_the_rest_a_gap() {
         let r: i64 = c.query_one("SELECT tso_resolved()", &[]).unwrap().get(0);
         (r >= held).then_some(())
     });
+}
+
+/// A member cut off from its oracle still commits (its worker, every half
+/// `tsoracle.window_ahead_ms`), so its standby's replay age — the exporter's
+/// `tsoracle_standby_replay_age_seconds`, by the same expression — stays within that: in an
+/// oracle outage `TsoracleStandbyNotReplaying` does not page every member's standby, only
+/// `TsoracleMemberDisconnected` each member (docs/operations/monitoring.md): checked on what
+/// real exporters of both read in that state (`tsoracle_tests::alerts`).
+#[test]
+fn a_member_cut_off_from_its_oracle_still_commits_for_its_standbys_and_pages_once() {
+    let mut oracle = serving_node("stmt-beat-oracle", NodeOpts::new());
+    admit_members(&oracle);
+    let m = member("stmt-beat-member", &oracle_conninfo(&[oracle.port()], MEMBER_ROLE));
+    let mut standby = Node::base_backup_from(&m, "stmt-beat-standby").expect("pg_basebackup");
+    standby.start().expect("start the member's standby");
+    tsoracle_tests::cluster::wait_replayed(&m, &standby).expect("the standby replays");
+    oracle.stop(StopMode::Fast).expect("stop the oracle");
+    let mut mc = m.connect();
+    poll_until("the member sees its oracle gone", Duration::from_secs(20), || {
+        let connected: bool =
+            mc.query_one("SELECT connected FROM tso_member_status()", &[]).unwrap().get(0);
+        (!connected).then_some(())
+    });
+    // Three half windows (1.5 s each by default) with no value fetched, nothing published.
+    std::thread::sleep(Duration::from_millis(4_500));
+    let age: f64 = standby
+        .connect()
+        .query_one(
+            "SELECT extract(epoch FROM clock_timestamp() - COALESCE(pg_last_xact_replay_timestamp(), \
+                 pg_postmaster_start_time()))::float8",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert!(
+        age < 2.5,
+        "the member's standby replayed no commit for {age} s while its member was cut off"
+    );
+    // What the exporters of the member and of its standby read in that state, held for
+    // 8 minutes on promtool's clock: the member pages once (disconnected, not also "not
+    // serving"), its standby not at all.
+    for (node, expected) in [(&m, &["TsoracleMemberDisconnected"][..]), (&standby, &[][..])] {
+        let exporter = Exporter::start(node.name(), node, "postgres").expect("start the exporter");
+        record(&exporter, 2, Duration::from_millis(300), 4)
+            .expect("scrape")
+            .assert_firing(expected);
+    }
 }

@@ -242,6 +242,9 @@ pub(super) fn run(signals: &'static Signals, conninfo: String, shown: String) {
         proxy.grants.prune();
         if proxy.ready() {
             proxy.worker.publish_resolved();
+        } else {
+            // Cut off from its oracle, it still commits: its standbys show they replay.
+            proxy.worker.member_beat();
         }
     }
 }
