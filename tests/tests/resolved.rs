@@ -14,7 +14,9 @@ use std::time::{Duration, Instant};
 
 use postgres::error::SqlState;
 use postgres::Client;
+use tsoracle_tests::alerts::record;
 use tsoracle_tests::cluster::{self, make_sync, PrimaryPointer};
+use tsoracle_tests::exporter::Exporter;
 use tsoracle_tests::tso::{set_clock_offset, tso_next};
 use tsoracle_tests::{
     expect_sqlstate, pg_error_string, poll_until, serving_node, Endpoint, Node, NodeOpts,
@@ -123,6 +125,13 @@ fn an_open_transaction_holds_r_and_r_passes_it_once_it_commits() {
         age_ms >= 900 && age_ms <= held_ms + 100,
         "the oldest holder's age is {age_ms} ms after {held_ms} ms held, with the clock stepped back"
     );
+    // What an exporter reads of this server now, held for 8 minutes on promtool's clock:
+    // timestamps ahead of the clock page (TsoracleAheadOfClock), a holder a second old does
+    // not (TsoracleResolvedStuck), and nothing else does.
+    let exporter = Exporter::start("resolved-ahead", &node, "postgres").expect("the exporter");
+    record(&exporter, 2, Duration::from_millis(300), 4)
+        .expect("scrape")
+        .assert_firing(&["TsoracleAheadOfClock"]);
     ok(holder.batch_execute("ROLLBACK"), "ROLLBACK");
 }
 
