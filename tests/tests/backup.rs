@@ -12,6 +12,9 @@
 //!   with `-j 4`), and a plain dump into a cluster whose own high-water is already higher.
 //!   The lease holder's role is created on each target first, as `pg_dumpall --globals-only`
 //!   would: a database's dump does not carry roles.
+//! * **A member's dump** ([`a_members_dump_restored_elsewhere_never_hands_out_its_values_again`]):
+//!   docs/operations/backups.md's steps, run from the page, into a member of the same oracle
+//!   and into a cluster on its own; nothing the dump holds is handed out again.
 //! * **Point-in-time recovery** ([`pitr_to_a_target_time_serves_above_everything_before_it`],
 //!   [`pitr_to_the_end_of_the_archive_serves_above_everything_issued`]): a primary archiving
 //!   its WAL under a timestamp and sequence load, a base backup taken before the load, restored
@@ -880,7 +883,7 @@ fn one_more_row(node: &Node) -> Result<(i64, i64), postgres::Error> {
 #[test]
 fn a_members_dump_restored_elsewhere_never_hands_out_its_values_again() {
     use tsoracle_tests::fleet::{admit_members, member, member_opts, oracle_conninfo, MEMBER_ROLE};
-    use tsoracle_tests::runbook::{run_sh_in, vars, Runbook};
+    use tsoracle_tests::runbook::{run_sh_in, vars, Runbook, LEAVE_STEPS, MEMBER_BACKUP_STEPS};
 
     let oracle = serving_node("bk-m-oracle", NodeOpts::new());
     admit_members(&oracle);
@@ -897,8 +900,9 @@ fn a_members_dump_restored_elsewhere_never_hands_out_its_values_again() {
     assert_eq!(max_id, 102);
 
     let page = Runbook::load("backups.md", "member-backup");
-    page.expect_steps(&[(1, "sh"), (2, "sh")]);
+    page.expect_steps(MEMBER_BACKUP_STEPS);
     let leave = Runbook::load("fleet/leave.md", "leave");
+    leave.expect_steps(LEAVE_STEPS);
     let dir = PgDir::new("member-dump").expect("dump directory");
     let run = |step: u32, v: &[(&str, String)]| {
         let block = page.step(step);

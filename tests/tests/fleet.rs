@@ -12,8 +12,10 @@
 //! - the resolved timestamp of a member stays below what its open transactions hold;
 //! - what is wrong is refused with a clear error, and the member serves nothing: a bad
 //!   connection string, an unreachable oracle, an oracle without tsoracle, a member pointing
-//!   at itself or at another member, a role that is not `tsoracle_member`; the connection
-//!   string is hidden from non-superusers; what a member's role may do on the oracle;
+//!   at itself or at another member, a role that is not `tsoracle_member`; what a member's
+//!   role may do on the oracle;
+//! - nothing of the connection string reaches a role that may not `SHOW` it: every function
+//!   of the extension, the exporter's queries, errors and HINTs, with the oracle up and down;
 //! - a block whose answer was lost fails `40003` and is never granted twice; a call whose
 //!   caller gave up is never sent;
 //! - a deposed primary that still answers is refused (its epoch is older), also after the
