@@ -39,9 +39,11 @@ impl Worker {
             return;
         }
         // A restore committed since this worker last looked whether the cluster may serve on
-        // its own: it may have brought a member's mark (`member::alone`). Nothing is served
-        // until the fence that follows has looked; these calls are refused (retryable).
-        if self.signals.may_serve_alone().is_none() {
+        // its own: it may have brought a member's mark (`member::alone`). These calls are
+        // served only if it did not (the fence that follows looks again); else, or if the
+        // mark cannot be read, they are refused (retryable).
+        if self.signals.may_serve_alone().is_none() && !matches!(super::member::marked(), Ok(false))
+        {
             let refused: Vec<(Ticket, Vec<Reply>)> = calls
                 .iter()
                 .map(|(ticket, requests)| {
