@@ -75,6 +75,51 @@ ALTER TABLE tsoracle.high_water ENABLE ALWAYS TRIGGER merge_restored_row;
 ALTER TABLE tsoracle.seq ENABLE ALWAYS TRIGGER merge_restored_row;
 ALTER TABLE tsoracle.lease ENABLE ALWAYS TRIGGER merge_restored_row;
 
+-- A member's mark (tsoracle.member_oracle) is dumped with its data, which holds values its
+-- oracle handed out. Restored into a cluster on its own, the mark makes it a cluster that has
+-- been a member: it serves nothing until it has left the fleet by the runbook (which copies
+-- the oracle's high-water and counters in first). Restored into a member of the same oracle,
+-- it merges (the higher epoch); into a member of another oracle, it is refused. The worker's
+-- own writes pass through unchanged; nobody else updates the row.
+CREATE FUNCTION tsoracle.merge_restored_mark() RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    held bigint;
+BEGIN
+    -- A subscriber's copy or apply (replica): skipped; this cluster keeps its own.
+    IF pg_catalog.current_setting('session_replication_role') = 'replica' THEN
+        RETURN NULL;
+    END IF;
+    -- The worker's own writes, and the raise below (which fires this trigger again).
+    IF pg_catalog.pg_trigger_depth() > 1 OR NOT tsoracle.note_restore() THEN
+        RETURN NEW;
+    END IF;
+    IF TG_OP = 'UPDATE' THEN
+        RAISE EXCEPTION 'only the tsoracle worker writes table %.%', TG_TABLE_SCHEMA, TG_TABLE_NAME
+            USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    SELECT m.system_id INTO held FROM tsoracle.member_oracle AS m FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN NEW;
+    END IF;
+    IF held OPERATOR(pg_catalog.<>) (NEW).system_id THEN
+        RAISE EXCEPTION 'cannot restore a member of the oracle % into a member of the oracle %', (NEW).system_id, held
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+            DETAIL = 'The dump holds values the other oracle handed out: this cluster''s oracle could hand them out again.',
+            HINT = 'Restore the dump into a member of the oracle it came from, or into a cluster on its own and leave the fleet there (docs/operations/backups.md, "A member of a fleet").';
+    END IF;
+    UPDATE tsoracle.member_oracle
+        SET epoch = GREATEST(epoch, (NEW).epoch), updated_at = pg_catalog.now();
+    RETURN NULL;
+END
+$$;
+REVOKE EXECUTE ON FUNCTION tsoracle.merge_restored_mark() FROM PUBLIC;
+CREATE TRIGGER merge_restored_mark BEFORE INSERT OR UPDATE ON tsoracle.member_oracle
+    FOR EACH ROW EXECUTE FUNCTION tsoracle.merge_restored_mark();
+ALTER TABLE tsoracle.member_oracle ENABLE ALWAYS TRIGGER merge_restored_mark;
+
 -- A subscriber's apply of an update (session_replication_role = replica, ENABLE REPLICA):
 -- merged as a restored row is, never lowering what this cluster holds; a higher high-water has
 -- the worker fence again above it once the apply commits. The high-water goes through the MVCC update here (the
@@ -154,10 +199,8 @@ ALTER TABLE tsoracle.fleet_resolved ENABLE ALWAYS TRIGGER only_the_worker;
 CREATE TRIGGER only_the_worker_truncate BEFORE TRUNCATE ON tsoracle.fleet_resolved
     FOR EACH STATEMENT EXECUTE FUNCTION tsoracle.only_the_worker();
 -- A member's memory of its oracle: written by the worker only (a lower epoch written by hand
--- would let a deposed primary serve it); a superuser deletes the row to accept a new oracle.
-CREATE TRIGGER only_the_worker BEFORE INSERT OR UPDATE ON tsoracle.member_oracle
-    FOR EACH ROW EXECUTE FUNCTION tsoracle.only_the_worker();
-ALTER TABLE tsoracle.member_oracle ENABLE ALWAYS TRIGGER only_the_worker;
+-- would let a deposed primary serve it), or merged by a restore (below, after the function it
+-- calls); a superuser deletes the row to accept a new oracle.
 -- An oracle's epoch base: written by the worker only (a base lowered by hand would let a
 -- promotion after pg_upgrade fence at its deposed primary's epoch).
 CREATE TRIGGER only_the_worker BEFORE INSERT OR UPDATE OR DELETE ON tsoracle.epoch_base

@@ -94,8 +94,9 @@ INSERT INTO tsoracle.fleet_resolved (id, ts) VALUES (true, 0);
 -- it — the oracle's system identifier and the highest epoch it answered with. Written by the
 -- worker before it hands out anything of a new epoch, so that after any restart, and on a
 -- promoted standby of the member, it still refuses a deposed primary and another cluster.
--- No row: never served. A superuser deletes the row to accept a new oracle on purpose. Not
--- dumped: a restored copy is another member.
+-- No row: never served. A superuser deletes the row to accept a new oracle on purpose.
+-- Dumped: the mark of a member, restored with its data (tsoracle.merge_restored_mark), so that a
+-- cluster that holds what the fleet handed out never hands it out again on its own.
 CREATE TABLE tsoracle.member_oracle (
     id         boolean PRIMARY KEY DEFAULT true CHECK (id),
     system_id  bigint NOT NULL,
@@ -103,6 +104,7 @@ CREATE TABLE tsoracle.member_oracle (
     updated_at timestamptz NOT NULL DEFAULT now()
 );
 COMMENT ON TABLE tsoracle.member_oracle IS 'On a member: the oracle that served it (system identifier) and the highest epoch it answered with; the member refuses any other oracle, and any older epoch (a deposed primary). Delete the row to accept a new oracle.';
+SELECT pg_catalog.pg_extension_config_dump('tsoracle.member_oracle', '');
 
 -- On a member of a fleet: each lease granted through it (one row per grant: a renewal's new
 -- lowest stamp is a row of its own), kept by the worker before the holder hears of it, so that

@@ -158,3 +158,53 @@ BEGIN
     RETURN NEW;
 END
 $$;
+
+-- A member's mark is dumped, and merged by a restore (docs/operations/backups.md, "A member of
+-- a fleet"): a member's dump restored into a cluster on its own no longer hands out again
+-- what the fleet handed out through the member.
+SELECT pg_catalog.pg_extension_config_dump('tsoracle.member_oracle', '');
+DROP TRIGGER only_the_worker ON tsoracle.member_oracle;
+-- A member's mark (tsoracle.member_oracle) is dumped with its data, which holds values its
+-- oracle handed out. Restored into a cluster on its own, the mark makes it a cluster that has
+-- been a member: it serves nothing until it has left the fleet by the runbook (which copies
+-- the oracle's high-water and counters in first). Restored into a member of the same oracle,
+-- it merges (the higher epoch); into a member of another oracle, it is refused. The worker's
+-- own writes pass through unchanged; nobody else updates the row.
+CREATE FUNCTION tsoracle.merge_restored_mark() RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    held bigint;
+BEGIN
+    -- A subscriber's copy or apply (replica): skipped; this cluster keeps its own.
+    IF pg_catalog.current_setting('session_replication_role') = 'replica' THEN
+        RETURN NULL;
+    END IF;
+    -- The worker's own writes, and the raise below (which fires this trigger again).
+    IF pg_catalog.pg_trigger_depth() > 1 OR NOT tsoracle.note_restore() THEN
+        RETURN NEW;
+    END IF;
+    IF TG_OP = 'UPDATE' THEN
+        RAISE EXCEPTION 'only the tsoracle worker writes table %.%', TG_TABLE_SCHEMA, TG_TABLE_NAME
+            USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    SELECT m.system_id INTO held FROM tsoracle.member_oracle AS m FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN NEW;
+    END IF;
+    IF held OPERATOR(pg_catalog.<>) (NEW).system_id THEN
+        RAISE EXCEPTION 'cannot restore a member of the oracle % into a member of the oracle %', (NEW).system_id, held
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+            DETAIL = 'The dump holds values the other oracle handed out: this cluster''s oracle could hand them out again.',
+            HINT = 'Restore the dump into a member of the oracle it came from, or into a cluster on its own and leave the fleet there (docs/operations/backups.md, "A member of a fleet").';
+    END IF;
+    UPDATE tsoracle.member_oracle
+        SET epoch = GREATEST(epoch, (NEW).epoch), updated_at = pg_catalog.now();
+    RETURN NULL;
+END
+$$;
+REVOKE EXECUTE ON FUNCTION tsoracle.merge_restored_mark() FROM PUBLIC;
+CREATE TRIGGER merge_restored_mark BEFORE INSERT OR UPDATE ON tsoracle.member_oracle
+    FOR EACH ROW EXECUTE FUNCTION tsoracle.merge_restored_mark();
+ALTER TABLE tsoracle.member_oracle ENABLE ALWAYS TRIGGER merge_restored_mark;

@@ -12,6 +12,7 @@ pub mod lease;
 pub mod locks;
 pub mod member;
 pub mod queue;
+pub mod redact;
 pub mod reservation;
 pub mod resolved;
 pub mod row_page;

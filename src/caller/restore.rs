@@ -22,6 +22,9 @@ pub fn note() -> bool {
         pgrx::register_xact_callback(pgrx::PgXactCallbackEvent::Commit, || {
             REGISTERED.store(false, Ordering::Relaxed);
             if let Ok(signals) = shmem::signals() {
+                // Nothing in place until the worker, before its fence, has looked whether the
+                // restore brought the mark of a member (`worker::member::alone`).
+                signals.forget_may_serve_alone();
                 signals.request_refence();
             }
         });
@@ -38,8 +41,14 @@ pub fn note() -> bool {
 /// lasts (`pg_restore --single-transaction`), so window extensions go on. False when the
 /// oracle does not serve here (another database, or the extension made in this same
 /// transaction): the row is merged as it comes, and the fence after the commit goes above it.
+/// On a member too: its worker raises no window of its own (a member's dump restored into a
+/// member, docs/operations/backups.md); its high-water is the bound of its own past it reads
+/// at start, which the merge raises.
 pub fn raise_high_water(physical_ms: i64, epoch: i64) -> Result<bool, crate::pg::error::TsoError> {
-    if crate::pg::is_worker_process() || !crate::pg::catalog::in_worker_database() {
+    if crate::pg::is_worker_process()
+        || crate::pg::guc::is_member()
+        || !crate::pg::catalog::in_worker_database()
+    {
         return Ok(false);
     }
     let signals = shmem::signals()?;

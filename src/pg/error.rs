@@ -268,16 +268,18 @@ impl TsoError {
     }
 
     /// Raise this error as a PostgreSQL ERROR (never returns). The server log names the
-    /// caller's file and line (`#[track_caller]`, through `or_report` too).
+    /// caller's file and line (`#[track_caller]`, through `or_report` too). On a member, the
+    /// message and HINT (which may carry what libpq or the oracle said) show nothing of
+    /// `tsoracle.oracle` to a role that may not read it (`guc::shown`).
     #[track_caller]
     pub fn report(self) -> ! {
         let mut report = pgrx::pg_sys::panic::ErrorReport::new(
             self.sqlstate(),
-            self.to_string(),
+            super::guc::shown(self.to_string()),
             pgrx::function_name!(),
         );
         if let Some(hint) = self.hint() {
-            report = report.set_hint(hint);
+            report = report.set_hint(super::guc::shown(hint));
         }
         report.report(PgLogLevel::ERROR);
         // report(ERROR) does not return; this keeps the type checker honest.

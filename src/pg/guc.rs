@@ -335,6 +335,37 @@ pub fn oracle() -> Option<String> {
     ORACLE.get().map(|c| c.to_string_lossy().trim().to_string()).filter(|c| !c.is_empty())
 }
 
+/// Whether the current role may read `tsoracle.oracle`: the test `SHOW` and
+/// `current_setting()` apply to a setting (PostgreSQL's `GetConfigOption` with
+/// `restrict_privileged`, `ConfigOptionIsVisible` since 16): a `GUC_SUPERUSER_ONLY` setting is
+/// for roles with the privileges of `pg_read_all_settings` (superusers, `pg_monitor`).
+pub fn may_read_oracle() -> bool {
+    // SAFETY: called from a backend running SQL (a transaction is open, the role is set);
+    // the setting is defined at preload, and missing_ok answers 0 rather than an error.
+    unsafe {
+        let flags = pgrx::pg_sys::GetConfigOptionFlags(c"tsoracle.oracle".as_ptr(), true);
+        flags & pgrx::pg_sys::GUC_SUPERUSER_ONLY as i32 == 0
+            || pgrx::pg_sys::has_privs_of_role(
+                pgrx::pg_sys::GetUserId(),
+                pgrx::pg_sys::Oid::from(pgrx::pg_sys::ROLE_PG_READ_ALL_SETTINGS),
+            )
+    }
+}
+
+/// `text` as the current role may read it: on a member, with every part of `tsoracle.oracle`
+/// (hosts, ports, user, file paths, …) hidden from a role that may not read the setting
+/// (`may_read_oracle`). Every text a member shows that came from its connection to the oracle
+/// goes through here: `tso_member_status()`, `tso_status().detail`, errors and their HINTs.
+pub fn shown(text: String) -> String {
+    let Some(conninfo) = oracle() else { return text };
+    // Outside a transaction no role can be looked up: hidden, as from anyone.
+    // SAFETY: a read of the backend's transaction state.
+    if unsafe { pgrx::pg_sys::IsTransactionState() } && may_read_oracle() {
+        return text;
+    }
+    tsoracle_core::redact::redact(&text, &crate::pg::libpq::conninfo_parts(&conninfo))
+}
+
 /// `tsoracle.oracle_successor`: the system identifier a member admits in place of the one it
 /// remembers (after its oracle's `pg_upgrade`). `Ok(None)`: unset; `Err`: not a number.
 pub fn oracle_successor() -> Result<Option<u64>, String> {

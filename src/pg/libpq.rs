@@ -64,6 +64,80 @@ pub fn checked_conninfo(conninfo: &str) -> Result<String, LibpqError> {
     Ok(shown.join(" "))
 }
 
+/// Keywords whose values say nothing about where the oracle is or who connects to it (modes,
+/// timeouts, protocol versions): every other value of a connection string is hidden from a
+/// role that may not read it (`guc::shown`), a keyword libpq adds later included.
+const HARMLESS: &[&str] = &[
+    "channel_binding",
+    "client_encoding",
+    "connect_timeout",
+    "gssdelegation",
+    "gssencmode",
+    "keepalives",
+    "keepalives_count",
+    "keepalives_idle",
+    "keepalives_interval",
+    "load_balance_hosts",
+    "replication",
+    "require_auth",
+    "ssl_max_protocol_version",
+    "ssl_min_protocol_version",
+    "sslcertmode",
+    "sslcompression",
+    "sslmode",
+    "sslnegotiation",
+    "sslsni",
+    "target_session_attrs",
+    "tcp_user_timeout",
+];
+
+/// The parts of a connection string a role that may not read it must not see: each value
+/// (each host and port of a list) but those of [`HARMLESS`] keywords. A string libpq cannot
+/// read gives every word of it, keywords too.
+pub fn conninfo_parts(conninfo: &str) -> Vec<String> {
+    let words = |v: &str| -> Vec<String> {
+        v.split(|c: char| c.is_whitespace() || ",='\\\"".contains(c))
+            .filter(|w| w.len() >= 2)
+            .map(str::to_string)
+            .collect()
+    };
+    let Ok(c) = CString::new(conninfo) else {
+        return words(conninfo);
+    };
+    let mut err: *mut c_char = std::ptr::null_mut();
+    // SAFETY: a NUL-terminated string; libpq returns an array it allocated (or NULL with an
+    // error message it allocated), both freed below with its own functions.
+    let options = unsafe { pq::PQconninfoParse(c.as_ptr(), &mut err) };
+    if options.is_null() {
+        if !err.is_null() {
+            // SAFETY: allocated by libpq for us.
+            unsafe { pq::PQfreemem(err.cast()) };
+        }
+        return words(conninfo);
+    }
+    let mut parts = Vec::new();
+    // SAFETY: the array ends with an entry whose keyword is NULL; every string in it is
+    // NUL-terminated and owned by the array until PQconninfoFree.
+    unsafe {
+        let mut o = options;
+        while !(*o).keyword.is_null() {
+            if !(*o).val.is_null() {
+                let key = CStr::from_ptr((*o).keyword).to_string_lossy();
+                if !HARMLESS.contains(&key.as_ref()) {
+                    let val = CStr::from_ptr((*o).val).to_string_lossy().into_owned();
+                    parts.extend(
+                        val.split(',').map(str::trim).filter(|v| !v.is_empty()).map(str::to_string),
+                    );
+                    parts.push(val);
+                }
+            }
+            o = o.add(1);
+        }
+        pq::PQconninfoFree(options);
+    }
+    parts
+}
+
 fn quoted(v: &str) -> String {
     if !v.is_empty() && v.chars().all(|c| c.is_ascii_alphanumeric() || "-_.,:/".contains(c)) {
         v.to_string()

@@ -72,9 +72,10 @@ pub struct Signals {
     /// On a member of a fleet: where the next value from the oracle may start.
     pub member_floor: CacheLine<super::member::MemberFloor>,
     /// Whether this cluster may serve on its own (no `tsoracle.oracle`): `ALONE_UNKNOWN` until
-    /// the worker looked since the server started, `ALONE_YES`, or `ALONE_NO` (it has been a
-    /// member of a fleet and has not left it by the runbook: `tsoracle.member_oracle` holds a
-    /// row). Nothing is granted in place before the worker found `ALONE_YES`.
+    /// the worker looked since the server started or a restore committed, `ALONE_YES`, or
+    /// `ALONE_NO` (it has been a member of a fleet and has not left it by the runbook:
+    /// `tsoracle.member_oracle` holds a row). Nothing is granted in place before the worker
+    /// found `ALONE_YES`.
     alone: std::sync::atomic::AtomicU8,
 }
 
@@ -192,6 +193,12 @@ impl Signals {
     /// The worker found whether this cluster may serve on its own (see `alone`).
     pub fn set_may_serve_alone(&self, may: bool) {
         self.alone.store(if may { ALONE_YES } else { ALONE_NO }, Ordering::Release);
+    }
+
+    /// Until the worker looks again (`None`): a restore may have brought the mark of a member
+    /// (`tsoracle.member_oracle`), so nothing is granted in place meanwhile.
+    pub fn forget_may_serve_alone(&self) {
+        self.alone.store(ALONE_UNKNOWN, Ordering::Release);
     }
 
     /// Whether this cluster may serve on its own: `None` while the worker has not looked.

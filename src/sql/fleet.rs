@@ -260,8 +260,12 @@ fn tso_member_status() -> TableIterator<
             .ok()
         })
         .flatten();
+    // The connection string, and what libpq and the oracle said through it, only for the
+    // roles that may read tsoracle.oracle (SHOW's test): others see it blank.
+    let oracle =
+        if guc::may_read_oracle() { st.oracle.get().unwrap_or_default() } else { String::new() };
     TableIterator::once((
-        st.oracle.get().unwrap_or_default(),
+        oracle,
         st.connected,
         (st.oracle_pid != 0).then_some(st.oracle_pid),
         (st.oracle_epoch > 0).then_some(st.oracle_epoch as i64),
@@ -272,12 +276,13 @@ fn tso_member_status() -> TableIterator<
         per(st.values_fetched, st.round_trips),
         per(st.round_trip_us_total, st.round_trips.max(1) * 1000).filter(|_| st.round_trips > 0),
         (st.round_trips > 0).then(|| st.last_round_trip_us as f64 / 1000.0),
-        st.last_error.get(),
+        st.last_error.get().map(guc::shown),
         at,
     ))
 }
 
-/// A member's line for `tso_status().detail`.
+/// A member's line for `tso_status().detail`: its oracle named only to a role that may read
+/// `tsoracle.oracle` (the caller shows the whole line through `guc::shown`).
 pub fn member_summary() -> String {
     let st = *MEMBER.share();
     let rt = if st.round_trips > 0 {
@@ -290,9 +295,10 @@ pub fn member_summary() -> String {
     } else {
         String::new()
     };
-    format!(
-        "member of the oracle {} ({}{rt})",
-        st.oracle.get().unwrap_or_default(),
-        if st.connected { "connected" } else { "not connected" }
-    )
+    let oracle = if guc::may_read_oracle() {
+        format!("the oracle {}", st.oracle.get().unwrap_or_default())
+    } else {
+        "its oracle (tsoracle.oracle)".to_string()
+    };
+    format!("member of {oracle} ({}{rt})", if st.connected { "connected" } else { "not connected" })
 }

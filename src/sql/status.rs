@@ -145,7 +145,7 @@ fn tso_status() -> TableIterator<
     TableIterator::once((
         s.role.to_string(),
         s.state,
-        s.detail,
+        s.detail.map(crate::pg::guc::shown),
         s.epoch,
         s.timeline,
         s.high_water_ms,

@@ -38,6 +38,29 @@ impl Worker {
         if calls.is_empty() {
             return;
         }
+        // A restore committed since this worker last looked whether the cluster may serve on
+        // its own: it may have brought a member's mark (`member::alone`). These calls are
+        // served only if it did not (the fence that follows looks again); else, or if the
+        // mark cannot be read, they are refused (retryable).
+        if self.signals.may_serve_alone().is_none() && !matches!(super::member::marked(), Ok(false))
+        {
+            let refused: Vec<(Ticket, Vec<Reply>)> = calls
+                .iter()
+                .map(|(ticket, requests)| {
+                    (*ticket, vec![Reply::err(ReplyCode::Refused); requests.len()])
+                })
+                .collect();
+            let waiters: Vec<usize> = match QUEUE.exclusive() {
+                Ok(mut guard) => {
+                    let mut queue = guard.queue();
+                    refused.iter().filter_map(|(t, replies)| queue.answer(*t, replies)).collect()
+                }
+                Err(_) => Vec::new(),
+            };
+            shmem::queue::wake_waiters(waiters);
+            self.signals.broadcast_answers();
+            return;
+        }
         // One request per row, each carrying its call's generation as its batch.
         let taken: Vec<(Ticket, Request)> = calls
             .iter()

@@ -356,6 +356,9 @@ pub const MONITORING_STEPS: &[(u32, &str)] = &[(1, "sql"), (2, "sh"), (3, "sh")]
 /// the handover and the seed, the counters carried, the member's memory of its oracle
 /// deleted, the check; driven by `tests/tests/fleet_runbooks_more.rs`.
 pub const MOVE_ORACLE_STEPS: &[(u32, &str)] = &[(1, "sh"), (2, "sh"), (3, "sh"), (4, "sh")];
+/// A member's dump and its restore (backups.md, "A member of a fleet"): driven by
+/// `tests/tests/backup.rs`, into a member of the same oracle and into a cluster on its own.
+pub const MEMBER_BACKUP_STEPS: &[(u32, &str)] = &[(1, "sh"), (2, "sh")];
 
 /// A runbook's blocks: (step, language), in page order.
 pub type Steps = &'static [(u32, &'static str)];
@@ -376,6 +379,7 @@ pub const BOOKS: &[(&str, &str, Steps)] = &[
     ("replication.md", "failover", FAILOVER_STEPS),
     ("relay.md", "relay", RELAY_STEPS),
     ("monitoring.md", "monitoring", MONITORING_STEPS),
+    ("backups.md", "member-backup", MEMBER_BACKUP_STEPS),
 ];
 
 /// Run a `sql` block as written with `psql -X -v ON_ERROR_STOP=1 -f` on `conninfo`, from the

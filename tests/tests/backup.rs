@@ -12,6 +12,9 @@
 //!   with `-j 4`), and a plain dump into a cluster whose own high-water is already higher.
 //!   The lease holder's role is created on each target first, as `pg_dumpall --globals-only`
 //!   would: a database's dump does not carry roles.
+//! * **A member's dump** ([`a_members_dump_restored_elsewhere_never_hands_out_its_values_again`]):
+//!   docs/operations/backups.md's steps, run from the page, into a member of the same oracle
+//!   and into a cluster on its own; nothing the dump holds is handed out again.
 //! * **Point-in-time recovery** ([`pitr_to_a_target_time_serves_above_everything_before_it`],
 //!   [`pitr_to_the_end_of_the_archive_serves_above_everything_issued`]): a primary archiving
 //!   its WAL under a timestamp and sequence load, a base backup taken before the load, restored
@@ -847,5 +850,127 @@ fn update_under_load(from: &str) {
     assert_eq!(
         one_text(&mut s, "SELECT extversion FROM pg_extension WHERE extname = 'tsoracle'"),
         CURRENT_VERSION
+    );
+}
+
+// ==================================================================== a member's dump
+
+/// The largest `id` and `ts` of table `t` on `node`.
+fn t_maxima(node: &Node) -> (i64, i64) {
+    let r = node
+        .connect()
+        .query_one("SELECT max(id), max(ts) FROM t", &[])
+        .expect("the table's maxima");
+    (r.get(0), r.get(1))
+}
+
+/// One more row of `t` from `node`'s own `tso_seq('inv')` and `tso_next()`: its id and ts.
+fn one_more_row(node: &Node) -> Result<(i64, i64), postgres::Error> {
+    let r = node.connect().query_one(
+        "INSERT INTO t (id, ts) VALUES (tso_seq('inv'), tso_next()) RETURNING id, ts",
+        &[],
+    )?;
+    Ok((r.get(0), r.get(1)))
+}
+
+/// A member's dump (docs/operations/backups.md, "A member of a fleet", run from the page):
+/// a member hands out `tso_seq('inv')` values 0 to 102 and 103 timestamps into table `t`, and
+/// is dumped. Restored into another member of the same oracle, it goes on above them at once;
+/// restored into a cluster on its own, it refuses every call (`55000`, a HINT naming the
+/// runbook to leave a fleet) until that runbook's steps 2 and 3 run on it, then goes on
+/// above them: in both, the next `INSERT` into `t` finds no collision, and no value of
+/// `tso_seq` or `tso_next` is at or below one the dump holds.
+#[test]
+fn a_members_dump_restored_elsewhere_never_hands_out_its_values_again() {
+    use tsoracle_tests::fleet::{admit_members, member, member_opts, oracle_conninfo, MEMBER_ROLE};
+    use tsoracle_tests::runbook::{run_sh_in, vars, Runbook, LEAVE_STEPS, MEMBER_BACKUP_STEPS};
+
+    let oracle = serving_node("bk-m-oracle", NodeOpts::new());
+    admit_members(&oracle);
+    let conninfo = oracle_conninfo(&[oracle.port()], MEMBER_ROLE);
+    let source = member("bk-m-member", &conninfo);
+    source
+        .connect()
+        .batch_execute(
+            "CREATE TABLE t (id bigint PRIMARY KEY, ts bigint NOT NULL UNIQUE); \
+             INSERT INTO t SELECT tso_seq('inv'), tso_next() FROM generate_series(0, 102)",
+        )
+        .expect("a member's rows");
+    let (max_id, max_ts) = t_maxima(&source);
+    assert_eq!(max_id, 102);
+
+    let page = Runbook::load("backups.md", "member-backup");
+    page.expect_steps(MEMBER_BACKUP_STEPS);
+    let leave = Runbook::load("fleet/leave.md", "leave");
+    leave.expect_steps(LEAVE_STEPS);
+    let dir = PgDir::new("member-dump").expect("dump directory");
+    let run = |step: u32, v: &[(&str, String)]| {
+        let block = page.step(step);
+        run_sh_in(block, source.bin_dir(), v, Some(dir.path()))
+            .unwrap_or_else(|e| panic!("backups.md member-backup step {step}: {e}\n{}", block.text))
+    };
+    run(1, &vars(&[("MEMBER", &source)]));
+
+    // Into a member of the same oracle: it serves above the dump.
+    let into_member =
+        Node::start_new("bk-m-into-member", member_opts(&conninfo)).expect("a new member");
+    run(2, &vars(&[("CLUSTER", &into_member)]));
+    let (id, ts) =
+        tsoracle_tests::poll_until("the restored member serves", Duration::from_secs(30), || {
+            one_more_row(&into_member).ok()
+        });
+    assert!(
+        id > max_id && ts > max_ts,
+        "a restored member hands out ({id}, {ts}), the dump holds up to ({max_id}, {max_ts})"
+    );
+    assert_eq!(t_maxima(&into_member), (id, ts));
+
+    // Into a cluster on its own: it has been a member, and serves nothing.
+    let alone = Node::start_new("bk-m-alone", NodeOpts::new()).expect("a cluster on its own");
+    run(2, &vars(&[("CLUSTER", &alone)]));
+    for sql in ["SELECT tso_seq('inv')", "SELECT tso_next()"] {
+        let e = tsoracle_tests::poll_until(
+            "the restored cluster refuses",
+            Duration::from_secs(30),
+            || {
+                let mut c = alone.connect();
+                match c.query_one(sql, &[]) {
+                    Ok(r) => {
+                        let v: i64 = r.get(0);
+                        let above = if sql.contains("seq") { max_id } else { max_ts };
+                        assert!(
+                            v > above,
+                            "{sql} on the restored cluster: {v}, the dump holds up to {above}"
+                        );
+                        None
+                    }
+                    Err(e) => e
+                        .as_db_error()
+                        .is_some_and(|d| d.code() == &SqlState::OBJECT_NOT_IN_PREREQUISITE_STATE)
+                        .then_some(e),
+                }
+            },
+        );
+        let text = pg_error_string(&e);
+        assert!(text.contains("Leaving a fleet"), "{sql}: {text}");
+    }
+    expect_sqlstate(
+        one_more_row(&alone),
+        &SqlState::OBJECT_NOT_IN_PREREQUISITE_STATE,
+        "an INSERT on the restored cluster before it left the fleet",
+    );
+    // Steps 2 and 3 of leaving a fleet, as the page writes them.
+    let v = vars(&[("CLUSTER", &alone), ("ORACLE", &oracle)]);
+    for step in [2, 3] {
+        tsoracle_tests::runbook::run_step(leave.step(step), &alone, &v);
+    }
+    let (id, ts) = tsoracle_tests::poll_until(
+        "the restored cluster serves once it left the fleet",
+        Duration::from_secs(30),
+        || one_more_row(&alone).ok(),
+    );
+    assert!(
+        id > max_id && ts > max_ts,
+        "the restored cluster hands out ({id}, {ts}), the dump holds up to ({max_id}, {max_ts})"
     );
 }

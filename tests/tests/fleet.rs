@@ -12,8 +12,10 @@
 //! - the resolved timestamp of a member stays below what its open transactions hold;
 //! - what is wrong is refused with a clear error, and the member serves nothing: a bad
 //!   connection string, an unreachable oracle, an oracle without tsoracle, a member pointing
-//!   at itself or at another member, a role that is not `tsoracle_member`; the connection
-//!   string is hidden from non-superusers; what a member's role may do on the oracle;
+//!   at itself or at another member, a role that is not `tsoracle_member`; what a member's
+//!   role may do on the oracle;
+//! - nothing of the connection string reaches a role that may not `SHOW` it: every function
+//!   of the extension, the exporter's queries, errors and HINTs, with the oracle up and down;
 //! - a block whose answer was lost fails `40003` and is never granted twice; a call whose
 //!   caller gave up is never sent;
 //! - a deposed primary that still answers is refused (its epoch is older), also after the
@@ -685,4 +687,181 @@ fn an_oracle_that_handed_over_is_not_serving_rather_than_deposed() {
     assert!(pg_error_string(&e).contains("not serving"), "{}", pg_error_string(&e));
     let kept: i64 = c.query_one("SELECT epoch FROM tsoracle.member_oracle", &[]).unwrap().get(0);
     assert_eq!(kept, epoch, "the member keeps the epoch it saw");
+}
+
+/// Whether `part` occurs in `text` as a word of its own (a port inside a longer number, a
+/// timestamp, is another number).
+fn has_word(text: &str, part: &str) -> bool {
+    let word = |c: Option<char>| c.is_some_and(|c| c.is_alphanumeric() || c == '_');
+    let (first, last) = (part.chars().next(), part.chars().next_back());
+    text.match_indices(part).any(|(at, _)| {
+        let joins_before = word(first) && word(text[..at].chars().next_back());
+        let joins_after = word(last) && word(text[at + part.len()..].chars().next());
+        !joins_before && !joins_after
+    })
+}
+
+/// The queries of `contrib/prometheus/queries.yaml` (a `query: "…"` line, or a `query: |`
+/// block of the lines indented below it).
+fn exporter_queries() -> Vec<String> {
+    let yaml =
+        std::fs::read_to_string(tsoracle_tests::exporter::QUERIES_YAML).expect("queries.yaml");
+    let mut queries = Vec::new();
+    let mut block: Option<String> = None;
+    for line in yaml.lines() {
+        if let Some(q) = block.as_mut() {
+            if line.starts_with("    ") || line.trim().is_empty() {
+                q.push_str(line);
+                q.push('\n');
+                continue;
+            }
+            queries.push(block.take().unwrap_or_default());
+        }
+        match line.trim_start().strip_prefix("query: ") {
+            Some("|") => block = Some(String::new()),
+            Some(q) => queries.push(q.trim_matches('"').to_string()),
+            None => {}
+        }
+    }
+    queries.extend(block);
+    assert!(queries.len() >= 7, "queries.yaml: {queries:?}");
+    queries
+}
+
+/// Every function of the extension (from `pg_catalog`, so a new one is covered), called as the
+/// connected role with made-up arguments, and every exporter query: each row and each error
+/// (message, DETAIL, HINT) as text.
+fn everything_a_role_reads(c: &mut Client) -> Vec<(String, String)> {
+    let functions = c
+        .query(
+            "SELECT p.oid::regproc::text, p.proargtypes::regtype[]::text[] \
+               FROM pg_proc p \
+               JOIN pg_depend d ON d.classid = 'pg_proc'::regclass AND d.objid = p.oid AND d.deptype = 'e' \
+               JOIN pg_extension e ON e.oid = d.refobjid AND e.extname = 'tsoracle' \
+              WHERE p.prorettype <> 'trigger'::regtype ORDER BY 1",
+            &[],
+        )
+        .expect("the extension's functions");
+    assert!(functions.len() > 30, "the extension's functions: {}", functions.len());
+    let mut statements: Vec<String> = functions
+        .iter()
+        .map(|f| {
+            let name: String = f.get(0);
+            let types: Vec<String> = f.get(1);
+            let args: Vec<String> = types
+                .iter()
+                .map(|t| match t.as_str() {
+                    "text" => "'fleet-h'::text".to_string(),
+                    "text[]" => "ARRAY['fleet-h']".to_string(),
+                    "integer[]" | "bigint[]" => format!("ARRAY[1]::{t}"),
+                    "boolean" => "false".to_string(),
+                    "integer" | "bigint" | "smallint" | "double precision" => format!("1::{t}"),
+                    other => format!("NULL::{other}"),
+                })
+                .collect();
+            format!("SELECT t::text FROM {name}({}) AS t", args.join(", "))
+        })
+        .collect();
+    statements.extend(exporter_queries().iter().map(|q| format!("SELECT q::text FROM ({q}) AS q")));
+    let mut read = Vec::new();
+    for sql in statements {
+        match c.query(sql.as_str(), &[]) {
+            Ok(rows) => {
+                for r in rows {
+                    let text: Option<String> = r.get(0);
+                    read.push((sql.clone(), text.unwrap_or_default()));
+                }
+            }
+            Err(e) => read.push((sql.clone(), pg_error_string(&e))),
+        }
+    }
+    read
+}
+
+/// What a member knows of its oracle's connection string (its hosts, port, user and the path
+/// of its key file) reaches only the roles that may `SHOW tsoracle.oracle`: a plain role reads
+/// none of it from any function of the extension, from `tso_status().detail`, from the
+/// exporter's queries, nor from the errors and HINTs of calls, with the oracle up and down;
+/// `pg_monitor` (which may `SHOW` it, through `pg_read_all_settings`) and a superuser see it.
+#[test]
+fn a_plain_role_on_a_member_reads_no_connection_string() {
+    let mut oracle = serving_node("fleet-h-oracle", NodeOpts::new());
+    admit_members(&oracle);
+    let secret_dir = "/nonexistent/fleet-h-secret-keys";
+    let conninfo = format!(
+        "{} sslmode=prefer sslkey={secret_dir}/member.key sslcert={secret_dir}/member.crt",
+        oracle_conninfo(&[oracle.port()], MEMBER_ROLE)
+    );
+    let m = member("fleet-h-member", &conninfo);
+    let port = oracle.port().to_string();
+    let parts = ["127.0.0.1", port.as_str(), MEMBER_ROLE, secret_dir];
+    let mut su = m.connect();
+    su.batch_execute(
+        "CREATE ROLE fleet_h_plain LOGIN; \
+         CREATE ROLE fleet_h_app LOGIN IN ROLE tsoracle_seq_user, tsoracle_lease_holder; \
+         CREATE ROLE fleet_h_monitor LOGIN IN ROLE pg_monitor",
+    )
+    .expect("roles");
+    let leaks = |who: &str, read: &[(String, String)]| -> Vec<String> {
+        read.iter()
+            .filter(|(_, out)| parts.iter().any(|p| has_word(out, p)))
+            .map(|(sql, out)| format!("{who}: {sql}: {out}"))
+            .collect::<Vec<_>>()
+    };
+    let check = |phase: &str, down: bool| {
+        let mut found = Vec::new();
+        for role in ["fleet_h_plain", "fleet_h_app"] {
+            let mut c = m.connect_as(role);
+            expect_sqlstate(
+                c.query_one("SHOW tsoracle.oracle", &[]),
+                &SqlState::INSUFFICIENT_PRIVILEGE,
+                &format!("SHOW tsoracle.oracle as {role}"),
+            );
+            let read = everything_a_role_reads(&mut c);
+            // With the oracle down, the calls did fail with what libpq said, its parts hidden.
+            let hidden = read.iter().any(|(sql, out)| {
+                sql.contains("tso_next()")
+                    && out.contains("cannot connect to the oracle")
+                    && out.contains('…')
+            });
+            assert!(!down || hidden, "{phase}: {role}'s tso_next() did not fail as expected");
+            found.extend(leaks(role, &read));
+        }
+        assert!(
+            found.is_empty(),
+            "{phase}: a role that may not SHOW tsoracle.oracle reads it:\n{}",
+            found.join("\n")
+        );
+        // Those who may SHOW it read it, in tso_member_status() and tso_status() alike.
+        for role in ["postgres", "fleet_h_monitor"] {
+            let mut c = m.connect_as(role);
+            let shown: String = c.query_one("SHOW tsoracle.oracle", &[]).expect("SHOW").get(0);
+            assert!(has_word(&shown, secret_dir), "{role}: SHOW tsoracle.oracle = {shown}");
+            let (oracle_text, detail): (String, String) = {
+                let r = c
+                    .query_one(
+                        "SELECT oracle, (SELECT detail FROM tso_status()) FROM tso_member_status()",
+                        &[],
+                    )
+                    .expect("tso_member_status()");
+                (r.get(0), r.get(1))
+            };
+            assert!(
+                has_word(&oracle_text, &port) && has_word(&detail, &port),
+                "{phase}: {role} may read tsoracle.oracle: {oracle_text:?}, detail {detail:?}"
+            );
+        }
+    };
+    check("the oracle up", false);
+
+    // The oracle down: calls fail with what libpq said, which names the host and the port.
+    alter_system(&m, "tsoracle.extension_timeout_ms", Some("300")).expect("a short wait");
+    oracle.stop(StopMode::Fast).expect("stop the oracle");
+    let said = poll_until("the member finds its oracle down", Duration::from_secs(30), || {
+        let e = su.query_one("SELECT tso_next()", &[]).err()?;
+        let text = pg_error_string(&e);
+        has_word(&text, &port).then_some(text)
+    });
+    assert!(has_word(&said, "127.0.0.1"), "a superuser reads what libpq said: {said}");
+    check("the oracle down", true);
 }

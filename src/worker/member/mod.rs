@@ -48,7 +48,7 @@ use crate::pg::libpq::{checked_conninfo, Conn, Event, LibpqError, PgResult, Prog
 use crate::pg::wait_set::SocketWait;
 use crate::shmem::member::{Text, MEMBER};
 use crate::shmem::{self, Phase, Reply, ReplyCode, Request, RequestKind, Signals, QUEUE};
-pub(crate) use alone::wait_until_alone;
+pub(crate) use alone::{marked, wait_until_alone};
 use calls::{
     answer_call, answer_next, call_statement, lost, remote, rereadable, OTHER_SESSION, RETRYABLE,
 };

@@ -119,6 +119,18 @@ SELECT regress.try($$DELETE FROM tsoracle.seq WHERE key = 'k'$$);
 ROLLBACK;
 SELECT tso_seq_peek('k') AS k_still_there;
 SELECT regress.try('TRUNCATE tsoracle.resolved');
+-- A member's mark, as a restore writes it (in transactions rolled back here: committed, it
+-- would make this cluster one that has been a member): merged into the same oracle's mark
+-- (the higher epoch), refused for another oracle's, and updated by the worker only.
+BEGIN;
+INSERT INTO tsoracle.member_oracle (system_id, epoch) VALUES (4242, 5);
+INSERT INTO tsoracle.member_oracle (system_id, epoch) VALUES (4242, 7);
+INSERT INTO tsoracle.member_oracle (system_id, epoch) VALUES (4242, 6);
+SELECT system_id, epoch FROM tsoracle.member_oracle;
+SELECT regress.try('INSERT INTO tsoracle.member_oracle (system_id, epoch) VALUES (4343, 9)');
+SELECT regress.try('UPDATE tsoracle.member_oracle SET epoch = 1');
+ROLLBACK;
+SELECT count(*) AS no_mark FROM tsoracle.member_oracle;
 -- As a subscriber's apply runs (session_replication_role = replica): a delete is skipped, the
 -- row kept; a truncate is refused, as in any session; a lowering update is raised back.
 BEGIN;
