@@ -7,11 +7,12 @@ PG_MAJOR ?= 15
 PG_MAJORS := 15 16 17 18
 # What `make test` runs on every major: the #[pg_test]s and these integration suites ...
 TEST_MAJORS ?= $(PG_MAJORS)
-# (pooler: PgBouncer, postgres_exporter and promtool, about 15 s: cheap enough for every major.)
+# (pooler: PgBouncer, postgres_exporter and promtool, about 15 s: cheap enough for every major;
+# monitoring: the exporter set up as monitoring.md says, on Debian's pg_hba.conf, a few seconds.)
 # (operations: the DBA's routine operations under load, each for QUICK_OPS_SECONDS on these
 # majors and 15 s on the full ones; bluegreen: switchovers, pg_createsubscriber from 17 on.)
 # (relay: tsoracle-relay through TLS, configured by its environment, its metrics and exit codes.)
-QUICK_SUITES := foundation harness leases lease_concurrency sequences seq_in_place followers in_place_readers security clocks drops resolved pooler operations bluegreen relay
+QUICK_SUITES := foundation harness leases lease_concurrency sequences seq_in_place followers in_place_readers security clocks drops resolved pooler monitoring operations bluegreen relay
 QUICK_OPS_SECONDS ?= 8
 # ... and on the oldest and the newest, also the crash, failover and backup suites and a
 # fleet (an oracle that fails over, members that restart).

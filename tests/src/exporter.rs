@@ -30,9 +30,9 @@ use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use crate::error::HarnessError;
-use crate::node::{make_base_dir, pg_user, pick_port, run_cmd, Node};
+use crate::node::{make_base_dir, pg_user, pick_port, run_cmd, user_ids, Node};
 use crate::patroni::http;
-use crate::process::{chown, open_log, read_tail, server_command};
+use crate::process::{chown, command_as, open_log, read_tail};
 use crate::Result;
 
 /// The postgres_exporter queries the repository ships.
@@ -72,7 +72,37 @@ impl Exporter {
     /// Start an exporter for database `postgres` of `node`, connecting as `user`; returns once
     /// it answers a scrape.
     pub fn start(name: &str, node: &Node, user: &str) -> Result<Exporter> {
-        let (uid, gid) = pg_user()?;
+        let dsn = format!(
+            "host=127.0.0.1 port={} user={user} dbname=postgres sslmode=disable connect_timeout=5",
+            node.port()
+        );
+        Exporter::start_as(name, None, &dsn, |queries, port| {
+            vec![
+                format!("--web.listen-address=127.0.0.1:{port}"),
+                format!("--extend.query-path={}", queries.display()),
+                "--disable-default-metrics".into(),
+                "--disable-settings-metrics".into(),
+                "--no-collector.database".into(),
+                "--no-collector.bgwriter".into(),
+                "--log.level=info".into(),
+            ]
+        })
+    }
+
+    /// Start an exporter as the OS user `os_user` (`None`: the servers' own) with
+    /// `DATA_SOURCE_NAME` `dsn` and the arguments `args(queries, port)` gives for the copied
+    /// queries file and the port it must listen on; returns once it answers a scrape (one
+    /// that says `pg_up 0` too: an exporter that cannot log in still answers).
+    pub fn start_as(
+        name: &str,
+        os_user: Option<&str>,
+        dsn: &str,
+        args: impl Fn(&std::path::Path, u16) -> Vec<String>,
+    ) -> Result<Exporter> {
+        let (uid, gid) = match os_user {
+            Some(user) => user_ids(user)?,
+            None => pg_user()?,
+        };
         let dir = make_base_dir(&format!("exporter-{name}"), uid, gid)?;
         let mut exporter = Exporter {
             name: name.to_string(),
@@ -87,16 +117,13 @@ impl Exporter {
         fs::write(&queries, &shipped)
             .map_err(|e| HarnessError::io(format!("write {}", queries.display()), e))?;
         chown(&queries)?;
-        let dsn = format!(
-            "host=127.0.0.1 port={} user={user} dbname=postgres sslmode=disable connect_timeout=5",
-            node.port()
-        );
         let mut last = String::new();
         for attempt in 0..5 {
             if attempt > 0 {
                 exporter.port = pick_port()?;
             }
-            match exporter.try_start(&dsn, &queries)? {
+            let argv = args(&queries, exporter.port);
+            match exporter.try_start(dsn, &argv, (uid, gid))? {
                 None => return Ok(exporter),
                 Some(log) => last = log,
             }
@@ -107,24 +134,13 @@ impl Exporter {
     }
 
     /// One start. `Ok(None)`: it answered a scrape; `Ok(Some(log))`: the port was busy.
-    fn try_start(&mut self, dsn: &str, queries: &std::path::Path) -> Result<Option<String>> {
+    fn try_start(&mut self, dsn: &str, args: &[String], ids: (u32, u32)) -> Result<Option<String>> {
         let bin =
             std::env::var("TSORACLE_POSTGRES_EXPORTER").unwrap_or_else(|_| EXPORTER_BIN.into());
         let (out, err) = open_log(&self.log)?;
         let offset = fs::metadata(&self.log).map(|m| m.len()).unwrap_or(0);
-        let mut cmd = server_command(&bin, &self.dir, true)?;
-        cmd.env("DATA_SOURCE_NAME", dsn)
-            .arg(format!("--web.listen-address=127.0.0.1:{}", self.port))
-            .arg(format!("--extend.query-path={}", queries.display()))
-            .args([
-                "--disable-default-metrics",
-                "--disable-settings-metrics",
-                "--no-collector.database",
-                "--no-collector.bgwriter",
-                "--log.level=info",
-            ])
-            .stdout(out)
-            .stderr(err);
+        let mut cmd = command_as(&bin, &self.dir, true, ids);
+        cmd.env("DATA_SOURCE_NAME", dsn).args(args).stdout(out).stderr(err);
         let mut child = cmd.spawn().map_err(|e| HarnessError::io(format!("spawn {bin}"), e))?;
         let deadline = Instant::now() + START_TIMEOUT;
         loop {

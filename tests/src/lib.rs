@@ -24,9 +24,11 @@
 //! * [`tls`]: a throw-away certificate authority, and a node that requires TLS of some roles.
 //! * [`exporter`]: postgres_exporter with the queries the repository ships, its scrapes
 //!   parsed; `promtool` for the alert rules.
+//! * [`alerts`]: the alert rules evaluated by promtool on series a real exporter read.
 //!
 //! Everything is bounded in time: no helper can wait forever.
 
+pub mod alerts;
 pub mod backup;
 pub mod cluster;
 pub mod decoding;

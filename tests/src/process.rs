@@ -40,7 +40,17 @@ pub(crate) fn make_dir(path: &Path) -> Result<()> {
 /// A command run as the server OS user, with a clean environment, in `dir`; it gets SIGKILL
 /// when the thread that spawned it ends (`PR_SET_PDEATHSIG`).
 pub(crate) fn server_command(program: &str, dir: &Path, die_with_parent: bool) -> Result<Command> {
-    let (uid, gid) = os_user()?;
+    Ok(command_as(program, dir, die_with_parent, os_user()?))
+}
+
+/// [`server_command`] as the OS user of uid and gid `ids`.
+pub(crate) fn command_as(
+    program: &str,
+    dir: &Path,
+    die_with_parent: bool,
+    ids: (u32, u32),
+) -> Command {
+    let (uid, gid) = ids;
     let mut cmd = Command::new(program);
     cmd.env_clear()
         .env("PATH", format!("{}:/usr/bin:/bin", pg_bin_dir().display()))
@@ -62,7 +72,7 @@ pub(crate) fn server_command(program: &str, dir: &Path, die_with_parent: bool) -
             });
         }
     }
-    Ok(cmd)
+    cmd
 }
 
 pub(crate) fn open_log(path: &Path) -> Result<(Stdio, Stdio)> {

@@ -349,6 +349,9 @@ pub const FAILOVER_STEPS: &[(u32, &str)] = &[(1, "sh"), (2, "sh"), (3, "sh"), (4
 /// The relay's configuration file (relay.md, "The service"): its variables run the relay in
 /// `tests/tests/relay.rs`.
 pub const RELAY_STEPS: &[(u32, &str)] = &[(1, "sh")];
+/// monitoring.md's exporter set-up: its role, its environment file, the check
+/// (tests/tests/monitoring.rs).
+pub const MONITORING_STEPS: &[(u32, &str)] = &[(1, "sql"), (2, "sh"), (3, "sh")];
 /// The fleet moved to a new oracle (oracle-failover.md, "Moving the fleet to a new oracle"):
 /// the handover and the seed, the counters carried, the member's memory of its oracle
 /// deleted, the check; driven by `tests/tests/fleet_runbooks_more.rs`.
@@ -372,6 +375,7 @@ pub const BOOKS: &[(&str, &str, Steps)] = &[
     ("uninstalling.md", "uninstall", UNINSTALL_STEPS),
     ("replication.md", "failover", FAILOVER_STEPS),
     ("relay.md", "relay", RELAY_STEPS),
+    ("monitoring.md", "monitoring", MONITORING_STEPS),
 ];
 
 /// Run a `sql` block as written with `psql -X -v ON_ERROR_STOP=1 -f` on `conninfo`, from the

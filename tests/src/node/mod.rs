@@ -76,7 +76,7 @@ use crate::process::{kill_tree, wait_gone};
 
 pub use config::NodeOpts;
 pub use os::pick_port;
-pub(crate) use os::{last_lines, make_base_dir, pg_user, run_cmd, scrub_env};
+pub(crate) use os::{last_lines, make_base_dir, pg_user, run_cmd, scrub_env, user_ids};
 use os::{read_from, wait_child};
 
 /// How long `start()` waits for the server to accept connections (crash recovery included).

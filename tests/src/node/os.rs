@@ -34,20 +34,28 @@ pub(crate) fn pg_user() -> Result<(u32, u32)> {
     static USER: OnceLock<std::result::Result<(u32, u32), String>> = OnceLock::new();
     USER.get_or_init(|| {
         let name = std::env::var("TSORACLE_PG_USER").unwrap_or_else(|_| "postgres".into());
-        let passwd =
-            fs::read_to_string("/etc/passwd").map_err(|e| format!("read /etc/passwd: {e}"))?;
-        for line in passwd.lines() {
-            let f: Vec<&str> = line.split(':').collect();
-            if f.len() >= 4 && f[0] == name {
-                let uid = f[2].parse().map_err(|e| format!("uid of {name}: {e}"))?;
-                let gid = f[3].parse().map_err(|e| format!("gid of {name}: {e}"))?;
-                return Ok((uid, gid));
-            }
-        }
-        Err(format!("no OS user {name:?} (install postgresql-15, which creates it)"))
+        ids_of(&name).map_err(|e| format!("{e} (install postgresql-15, which creates it)"))
     })
     .clone()
     .map_err(HarnessError::Other)
+}
+
+/// uid and gid of the OS user `name`, from /etc/passwd.
+pub(crate) fn user_ids(name: &str) -> Result<(u32, u32)> {
+    ids_of(name).map_err(HarnessError::Other)
+}
+
+fn ids_of(name: &str) -> std::result::Result<(u32, u32), String> {
+    let passwd = fs::read_to_string("/etc/passwd").map_err(|e| format!("read /etc/passwd: {e}"))?;
+    for line in passwd.lines() {
+        let f: Vec<&str> = line.split(':').collect();
+        if f.len() >= 4 && f[0] == name {
+            let uid = f[2].parse().map_err(|e| format!("uid of {name}: {e}"))?;
+            let gid = f[3].parse().map_err(|e| format!("gid of {name}: {e}"))?;
+            return Ok((uid, gid));
+        }
+    }
+    Err(format!("no OS user {name:?}"))
 }
 
 pub(super) fn sanitize(name: &str) -> String {
