@@ -57,6 +57,12 @@ pub fn sample() -> Sample {
     Sample { wall_ms: now_ms(), mono_ms: mono_ms() }
 }
 
+/// The wall-clock millisecond of the monotonic instant `mono_ms`, as `now` reads them: `now`'s
+/// wall clock less the monotonic time elapsed since (an instant after `now` is `now`).
+pub fn wall_ms_at(now: Sample, mono_ms: u64) -> u64 {
+    now.wall_ms.saturating_sub(now.mono_ms.saturating_sub(mono_ms))
+}
+
 /// Test builds: the offset of the wall clock every process reads, in a shared-memory block of
 /// its own (written by the setting's assign hook, which the postmaster runs first on a reload).
 #[cfg(feature = "clock-fault")]

@@ -24,11 +24,16 @@ pub struct HolderSlot {
     /// Timestamps issued by the backends that had this slot, in this server's life (written
     /// by the slot's backend only, beside the holding it writes anyway: no other cache line).
     issued: AtomicU64,
+    /// When the holding began, on the monotonic clock (`clock::mono_ms`): its age for
+    /// `tso_resolved_status()`, which a clock step, a seed or a lead ahead of the clock does
+    /// not change (the value's own millisecond would: it runs ahead of the clock then).
+    since_mono_ms: AtomicU64,
 }
 
 impl HolderSlot {
     /// Hold `min_ts` for backend `pid` (the caller then fences before its grant).
     pub fn publish(&self, min_ts: u64, pid: i32) {
+        self.since_mono_ms.store(clock::mono_ms(), Ordering::Relaxed);
         self.min_ts.store(min_ts.max(1), Ordering::Relaxed);
         self.pid.store(pid, Ordering::Relaxed);
     }
@@ -166,18 +171,36 @@ pub fn timestamps_issued() -> u64 {
     HOLDERS.slots().iter().map(|s| s.issued.load(Ordering::Relaxed)).fold(0, u64::wrapping_add)
 }
 
+/// The holding that holds `R` lowest.
+#[derive(Clone, Copy, Debug)]
+pub struct OldestHold {
+    /// The lowest value held.
+    pub ts: u64,
+    /// Its process.
+    pub pid: i32,
+    /// When that holding began, on the monotonic clock (`clock::mono_ms`).
+    pub since_mono_ms: u64,
+}
+
 /// How many slots hold a value, and the lowest held value with its process.
 pub fn oldest_holder() -> (i32, Option<(u64, i32)>) {
+    let (holders, oldest) = oldest_hold();
+    (holders, oldest.map(|o| (o.ts, o.pid)))
+}
+
+/// How many slots hold a value, and the holding of the lowest.
+pub fn oldest_hold() -> (i32, Option<OldestHold>) {
     let mut holders = 0;
-    let mut oldest: Option<(u64, i32)> = None;
+    let mut oldest: Option<OldestHold> = None;
     for slot in HOLDERS.slots() {
         let v = slot.min_ts();
         if v == 0 {
             continue;
         }
         holders += 1;
-        if oldest.is_none_or(|(o, ..)| v < o) {
-            oldest = Some((v, slot.pid()));
+        if oldest.is_none_or(|o| v < o.ts) {
+            let since_mono_ms = slot.since_mono_ms.load(Ordering::Relaxed);
+            oldest = Some(OldestHold { ts: v, pid: slot.pid(), since_mono_ms });
         }
     }
     (holders, oldest)

@@ -9,6 +9,7 @@
 
 use crate::caller::holding::held_by_me;
 use crate::caller::resolved::current;
+use crate::pg::clock;
 use crate::pg::error::{OrReport, TsoError};
 use crate::shmem;
 use pgrx::prelude::*;
@@ -91,9 +92,12 @@ fn tso_resolved_status() -> TableIterator<
         }
         _ => None,
     };
-    let (holders, oldest) = crate::shmem::holders::oldest_holder();
-    // When it took it: the millisecond of its value (derived, so no clock read per transaction).
-    let since = oldest.map(|(v, _)| timestamp::physical_ms(v)).and_then(|ms| {
+    let (holders, oldest) = crate::shmem::holders::oldest_hold();
+    // When it began to hold: its age on the monotonic clock, back from the wall clock now (not
+    // the millisecond of its value, which runs ahead of the clock after a seed, a step back or
+    // at max_lead_ms, and by the skew on a member).
+    let now = clock::sample();
+    let since = oldest.map(|o| clock::wall_ms_at(now, o.since_mono_ms)).and_then(|ms| {
         TimestampWithTimeZone::try_from((ms as i64) * 1000 - 946_684_800_000_000).ok()
     });
     let (published, published_at) = signals.published_resolved();
@@ -101,8 +105,8 @@ fn tso_resolved_status() -> TableIterator<
         r.map(timestamp::to_sql),
         lag,
         holders,
-        oldest.map(|(_, pid)| pid),
-        oldest.map(|(v, _)| timestamp::to_sql(v)),
+        oldest.map(|o| o.pid),
+        oldest.map(|o| timestamp::to_sql(o.ts)),
         since,
         (published > 0).then(|| timestamp::to_sql(published)),
         (published_at > 0).then_some(published_at as i64),

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use postgres::error::SqlState;
 use postgres::Client;
 use tsoracle_tests::cluster::{self, make_sync, PrimaryPointer};
-use tsoracle_tests::tso::tso_next;
+use tsoracle_tests::tso::{set_clock_offset, tso_next};
 use tsoracle_tests::{
     expect_sqlstate, pg_error_string, poll_until, serving_node, Endpoint, Node, NodeOpts,
     SplitMix64, Workers,
@@ -98,6 +98,32 @@ fn an_open_transaction_holds_r_and_r_passes_it_once_it_commits() {
     ] {
         expect_sqlstate(other.query_one(sql, &[]), &SqlState::INVALID_PARAMETER_VALUE, what);
     }
+    // The holder's age (the exporter's tsoracle_resolved_oldest_holder_age_seconds, and its
+    // TsoracleResolvedStuck) is measured on a clock that does not step: with the server's
+    // clock stepped back 10 minutes, so that its values run 10 minutes ahead of it, a holder
+    // held for a second is a second old (by its value's millisecond it was 10 minutes in the
+    // future: the exporter's 0, an alert 10 minutes late).
+    ok(holder.batch_execute("BEGIN"), "BEGIN");
+    ok(tso_next(&mut holder), "tso_next() in an open transaction");
+    let began = Instant::now();
+    set_clock_offset(&mut other, -600_000)
+        .unwrap_or_else(|e| panic!("step the server's clock back: {e}"));
+    std::thread::sleep(Duration::from_millis(1_000).saturating_sub(began.elapsed()));
+    let age_ms: i64 = ok(
+        other.query_one(
+            "SELECT c.wall_ms - (extract(epoch FROM r.oldest_holder_since) * 1000)::bigint \
+               FROM tso_resolved_status() r CROSS JOIN tso_clock() c",
+            &[],
+        ),
+        "the oldest holder's age",
+    )
+    .get(0);
+    let held_ms = began.elapsed().as_millis() as i64;
+    assert!(
+        age_ms >= 900 && age_ms <= held_ms + 100,
+        "the oldest holder's age is {age_ms} ms after {held_ms} ms held, with the clock stepped back"
+    );
+    ok(holder.batch_execute("ROLLBACK"), "ROLLBACK");
 }
 
 // ---------------------------------------------------------------------------------------- 2
