@@ -83,10 +83,14 @@ test-deps:
 	scripts/test-install-deps.sh
 
 # Every path the manual and the design pages name exists; every relative link and anchor resolves;
+# every path and heading the code's HINTs and messages name exists (test-hint-paths.py); the
+# package version and the settings' defaults the docs state are the build's (test-doc-facts.py);
 # README.md at most 15,000 bytes, BENCHMARKS.md and every docs/**/*.md 20,000, every .rs file at
 # most 1,000 lines.
 test-docs:
 	python3 scripts/test-doc-paths.py
+	python3 scripts/test-hint-paths.py --self-test
+	python3 scripts/test-doc-facts.py --self-test
 	python3 scripts/check-sizes.py
 
 # src/ in layers (src/lib.rs): no import circle, every edge pointing down; the check itself first

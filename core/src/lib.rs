@@ -17,6 +17,7 @@ pub mod reservation;
 pub mod resolved;
 pub mod row_page;
 pub mod seq;
+pub mod text;
 pub mod timestamp;
 pub mod uuid;
 pub mod version;

@@ -253,10 +253,10 @@ impl TsoError {
                     .into(),
             ),
             TsoError::MemberConnected { pid, .. } => Some(format!(
-                "Remove only a member that is gone for good: stop it, or clear tsoracle.oracle on it and restart it, then retry (SELECT pg_terminate_backend({pid}) ends its current connection, but it connects again)."
+                "Remove only a member that is gone for good: stop it, or make it leave the fleet by the runbook (docs/operations/fleet/leave.md), then retry. SELECT pg_terminate_backend({pid}) ends its current connection, but it connects again."
             )),
             TsoError::FormerMember(_) => Some(
-                "If this cluster is still a member (a member's standby promoted without the setting), set tsoracle.oracle to its fleet's oracle and restart. To serve on its own, leave the fleet by the runbook (docs/operations/fleet.md, \"Leaving a fleet\"): copy the oracle's high-water and counters into this cluster's tables, then DELETE FROM tsoracle.member_oracle."
+                "If this cluster is still a member (a member's standby promoted without the setting), set tsoracle.oracle to its fleet's oracle and restart. To serve on its own, leave the fleet by steps 2 to 4 of the runbook (docs/operations/fleet/leave.md, \"Leaving a fleet\"): copy the oracle's high-water and counters into this cluster's tables, then DELETE FROM tsoracle.member_oracle and DELETE FROM tsoracle.member_counter."
                     .into(),
             ),
             TsoError::MemberInUse { .. } => Some(

@@ -6,37 +6,51 @@ use pgrx::lwlock::PgLwLock;
 use pgrx::shmem::PGRXSharedMemory;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// Room for a text in shared memory.
-pub const TEXT_BYTES: usize = 240;
+/// Room for an error's message, `tso_member_status().last_error` and the oracle's connection
+/// string: the longest message of this version is about 400 bytes (with a counter's key
+/// of 128 bytes in it).
+pub const TEXT_BYTES: usize = 1024;
+
+/// Room for an error's HINT: the longest of this version is about 1,050 bytes (a counter
+/// refused below the member's own past, its key of up to 128 bytes twice, quotes doubled).
+/// A longer one (an oracle of another version) ends with a note that it was cut, and the
+/// member's log has it whole (`tsoracle_core::text::fit`).
+pub const HINT_BYTES: usize = 2048;
 
 /// A bounded UTF-8 text in shared memory.
 #[derive(Clone, Copy, Debug)]
 #[repr(C)]
-pub struct Text {
-    bytes: [u8; TEXT_BYTES],
+pub struct Text<const N: usize = TEXT_BYTES> {
+    bytes: [u8; N],
     len: usize,
 }
 
-impl Default for Text {
+impl<const N: usize> Default for Text<N> {
     fn default() -> Self {
-        Text { bytes: [0; TEXT_BYTES], len: 0 }
+        Text { bytes: [0; N], len: 0 }
     }
 }
 
-impl Text {
-    /// `s`, cut at a character boundary to fit.
+impl<const N: usize> Text<N> {
+    /// `s` whole if it fits; otherwise cut, with a note saying so (`tsoracle_core::text::fit`),
+    /// and `s` logged whole.
     pub fn new(s: &str) -> Self {
-        let mut len = s.len().min(TEXT_BYTES);
-        while !s.is_char_boundary(len) {
-            len -= 1;
-        }
-        let mut bytes = [0; TEXT_BYTES];
-        bytes[..len].copy_from_slice(&s.as_bytes()[..len]);
-        Text { bytes, len }
+        let cut;
+        let kept = match tsoracle_core::text::fit(s, N) {
+            Ok(s) => s,
+            Err(c) => {
+                pgrx::log!("tsoracle member: a text of {} bytes kept cut to {N}: {s}", s.len());
+                cut = c;
+                &cut
+            }
+        };
+        let mut bytes = [0; N];
+        bytes[..kept.len()].copy_from_slice(kept.as_bytes());
+        Text { bytes, len: kept.len() }
     }
 
     pub fn get(&self) -> Option<String> {
-        let text = std::str::from_utf8(&self.bytes[..self.len.min(TEXT_BYTES)]).unwrap_or("");
+        let text = std::str::from_utf8(&self.bytes[..self.len.min(N)]).unwrap_or("");
         (!text.is_empty()).then(|| text.to_string())
     }
 }
@@ -49,13 +63,14 @@ pub struct CallError {
     pub generation: u64,
     pub sqlstate: [u8; 5],
     pub message: Text,
-    pub hint: Text,
+    pub hint: Text<HINT_BYTES>,
 }
 
 /// How many answered errors are kept for their callers to read.
 pub const CALL_ERRORS: usize = 32;
 
-/// State guarded by the member's LWLock. Plain data only: it lives in shared memory.
+/// State guarded by the member's LWLock. Plain data only: it lives in shared memory. About
+/// 100 KB (the errors): read it through the guard, or copy the fields needed, never whole.
 #[derive(Clone, Copy, Debug)]
 #[repr(C)]
 pub struct MemberState {

@@ -76,7 +76,7 @@ pub struct OracleState {
 }
 
 /// Room for the refusal text in shared memory.
-pub const REFUSAL_BYTES: usize = 240;
+pub const REFUSAL_BYTES: usize = 1024;
 
 impl Default for OracleState {
     fn default() -> Self {
@@ -102,13 +102,20 @@ impl Default for OracleState {
 
 impl OracleState {
     /// Record why the worker refuses (empty: it does not), cut at a character boundary.
+    /// Keep `why` whole, or, longer than [`REFUSAL_BYTES`] (a list of tables), cut with a
+    /// note that says so (`tsoracle_core::text::fit`), the server log having it whole.
     pub fn set_refusal(&mut self, why: &str) {
-        let mut len = why.len().min(REFUSAL_BYTES);
-        while !why.is_char_boundary(len) {
-            len -= 1;
-        }
-        self.refusal[..len].copy_from_slice(&why.as_bytes()[..len]);
-        self.refusal_len = len;
+        let cut;
+        let kept = match tsoracle_core::text::fit(why, REFUSAL_BYTES) {
+            Ok(why) => why,
+            Err(c) => {
+                pgrx::log!("tsoracle: a refusal of {} bytes kept cut: {why}", why.len());
+                cut = c;
+                &cut
+            }
+        };
+        self.refusal[..kept.len()].copy_from_slice(kept.as_bytes());
+        self.refusal_len = kept.len();
     }
 
     pub fn refusal(&self) -> Option<String> {

@@ -250,7 +250,8 @@ fn tso_member_status() -> TableIterator<
     if !guc::is_member() {
         return TableIterator::new(Vec::new());
     }
-    let st = *MEMBER.share();
+    // Read under the lock, not copied: the state holds the errors kept for callers (100 KB).
+    let st = MEMBER.share();
     let per = |num: u64, den: u64| (den > 0).then(|| num as f64 / den as f64);
     let at = (st.last_error_ms > 0)
         .then(|| {
@@ -284,7 +285,7 @@ fn tso_member_status() -> TableIterator<
 /// A member's line for `tso_status().detail`: its oracle named only to a role that may read
 /// `tsoracle.oracle` (the caller shows the whole line through `guc::shown`).
 pub fn member_summary() -> String {
-    let st = *MEMBER.share();
+    let st = MEMBER.share();
     let rt = if st.round_trips > 0 {
         format!(
             ", {} round trips, {:.1} values per round trip, {:.2} ms per round trip",

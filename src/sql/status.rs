@@ -80,10 +80,13 @@ impl Status {
         }
         if crate::pg::guc::is_member() {
             // A member issues nothing of its own: its values come from the oracle.
-            let member = *crate::shmem::member::MEMBER.share();
+            let (epoch, fetched) = {
+                let member = crate::shmem::member::MEMBER.share();
+                (member.oracle_epoch, member.values_fetched)
+            };
             status.role = "member";
-            status.epoch = (member.oracle_epoch > 0).then_some(member.oracle_epoch as i64);
-            status.timestamps_issued = member.values_fetched as i64;
+            status.epoch = (epoch > 0).then_some(epoch as i64);
+            status.timestamps_issued = fetched as i64;
             status.detail = Some(match st.phase {
                 Phase::Serving => super::fleet::member_summary(),
                 phase => format!(

@@ -1,10 +1,13 @@
 //! Waiting for the extension: the worker serves only once `CREATE EXTENSION tsoracle` (or
 //! `ALTER EXTENSION tsoracle UPDATE`) has made the extension in its database the version this
-//! library serves, with the tables it reads and writes as members.
+//! library serves, with the tables it reads and writes as members. On a member, what it waits
+//! for is also its `tso_member_status().last_error`: its own schema, not the oracle, is why it
+//! does not connect.
 
 use super::state::set_phase;
 use crate::pg::xact::transaction;
 use crate::pg::EXTENSION_VERSION;
+use crate::shmem::member::{Text, MEMBER};
 use crate::shmem::{Phase, Signals, ORACLE};
 use pgrx::bgworkers::BackgroundWorker;
 use pgrx::prelude::*;
@@ -131,6 +134,15 @@ pub(super) fn wait_for_extension(signals: &Signals, database: &str) -> bool {
         };
         if phase == Phase::Refused {
             ORACLE.exclusive().set_refusal(&message);
+        }
+        if crate::pg::guc::is_member() {
+            // What the member waits for is its own schema, not the oracle: said where
+            // tso_member_status().last_error (and its alert) look. Its hello clears it.
+            let mut member = MEMBER.exclusive();
+            if member.last_error.get().as_deref() != Some(message.as_str()) {
+                member.last_error = Text::new(&message);
+                member.last_error_ms = crate::pg::clock::now_ms();
+            }
         }
         set_phase(signals, phase);
         if announced.as_deref() != Some(message.as_str()) {

@@ -1,4 +1,4 @@
-//! Counters: their part of a group commit (docs/sequences.md, "The worker's group commit").
+//! Counters: their part of a group commit (docs/group-commit.md, "A sequence group").
 //!
 //! The rows of the keys a group touches are locked first, without waiting (`FOR UPDATE SKIP
 //! LOCKED`), and read after they are locked: a caller advancing a counter in place leaves a

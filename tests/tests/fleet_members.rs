@@ -13,7 +13,8 @@
 //!   restarted), served by the deposed primary brought back by hand, hands out nothing at or
 //!   below what it handed out before: the deposed primary's answers, below the member's own
 //!   past (kept in its own `tsoracle.high_water`, and its counters' last blocks in
-//!   `tsoracle.member_counter`), are refused `55000`;
+//!   `tsoracle.member_counter`), are refused `55000`, each with its HINT whole (over 240
+//!   bytes, where the member's shared memory used to cut it);
 //! - a counter dropped on the oracle, or through the member, starts again at 0 on a member
 //!   that handed out blocks of it, after the member's restart too (the key's incarnation,
 //!   `tsoracle.seq.made`, is higher);
@@ -94,6 +95,13 @@ fn a_members_standby_promoted_without_the_setting_serves_nothing_alone() {
     assert!(db.message().contains("member of a fleet"), "{}", pg_error_string(&refused));
     let hint = db.hint().unwrap_or_default();
     assert!(hint.contains("Leaving a fleet") && hint.contains("tsoracle.oracle"), "hint: {hint}");
+    // The runbook's step 3 whole: its last blocks forgotten as well as its mark.
+    assert!(
+        hint.contains("docs/operations/fleet/leave.md")
+            && hint.contains("DELETE FROM tsoracle.member_oracle")
+            && hint.contains("DELETE FROM tsoracle.member_counter"),
+        "hint: {hint}"
+    );
     for sql in [
         "SELECT tso_next()",
         "SELECT tso_seq('k', 10)",
@@ -264,7 +272,7 @@ fn a_member_that_missed_the_epoch_hands_out_nothing_below_its_past() {
                 assert!(start >= counter_end, "block {start} of k, below {counter_end} handed out");
             }
             Err(e) if e.code() == Some(&SqlState::OBJECT_NOT_IN_PREREQUISITE_STATE) => {
-                counter_refused = Some(pg_error_string(&e));
+                counter_refused = Some(message_and_hint(&e));
             }
             Err(_) => {}
         }
@@ -280,22 +288,49 @@ fn a_member_that_missed_the_epoch_hands_out_nothing_below_its_past() {
                 }
                 Err(e) => {
                     if e.code() == Some(&SqlState::OBJECT_NOT_IN_PREREQUISITE_STATE) {
-                        refused = Some(pg_error_string(&e));
+                        refused = Some(message_and_hint(&e));
                     }
                 }
             }
         }
         std::thread::sleep(Duration::from_millis(200));
     }
-    let refused = refused.expect("the deposed primary's answers refused 55000");
+    let (refused, hint) = refused.expect("the deposed primary's answers refused 55000");
     assert!(refused.contains("high-water"), "{refused}");
-    let counter_refused = counter_refused.expect("the deposed primary's block of k refused 55000");
+    // Each HINT whole (longer than 240 bytes, where a member's shared memory used to cut it).
+    let high_water: u64 = number_after(&refused, "own high-water ");
+    assert_eq!(
+        hint,
+        format!("If the oracle answering is a deposed primary brought back, stop it: only the oracle's current primary may serve. Otherwise seed the oracle above this cluster's own values: SELECT tso_seed({}) on the oracle (docs/operations/fleet/join.md, \"Joining a fleet\").", high_water + 1),
+        "the HINT of timestamps below the member's own past, whole"
+    );
+    let (counter_refused, hint) =
+        counter_refused.expect("the deposed primary's block of k refused 55000");
     assert!(counter_refused.contains("handed out as a member"), "{counter_refused}");
+    let end: u64 = number_after(&counter_refused, "up to ");
+    assert_eq!(
+        hint,
+        format!("If the oracle answering is a deposed primary brought back, or a copy restored from a backup, stop it: only the oracle's current primary may serve. If it was restored on purpose, raise its counter above every block the members handed out (this member's ends at {end}; take the highest next of the key in every member's tsoracle.member_counter: UPDATE tsoracle.seq SET next = GREATEST(next, <highest>) WHERE key = 'k' on the oracle), then delete the key's row here (DELETE FROM tsoracle.member_counter WHERE key = 'k') and restart this member."),
+        "the HINT of a block below what the member handed out, whole"
+    );
     // The deposed primary's epoch is below the new one's, which the member no longer knows:
     // only its own past refuses it.
     let epoch: i64 =
         c.query_one("SELECT oracle_epoch FROM tso_member_status()", &[]).expect("status").get(0);
     eprintln!("refused at the deposed primary's epoch {epoch}: {refused}");
+}
+
+/// An error's message and HINT (empty if none).
+fn message_and_hint(e: &postgres::Error) -> (String, String) {
+    let db = e.as_db_error().unwrap_or_else(|| panic!("not a server's error: {e}"));
+    (db.message().to_string(), db.hint().unwrap_or_default().to_string())
+}
+
+/// The number that follows `after` in `text`.
+fn number_after(text: &str, after: &str) -> u64 {
+    let at = text.find(after).unwrap_or_else(|| panic!("no {after:?} in {text}")) + after.len();
+    let digits: String = text[at..].chars().take_while(char::is_ascii_digit).collect();
+    digits.parse().unwrap_or_else(|_| panic!("no number after {after:?} in {text}"))
 }
 
 /// The lost lease: a member's `tso_lease_acquire_bounds('lost', 1, 60000)` while the

@@ -9,8 +9,10 @@
 //! - with every slot taken, the 129th hello is refused `53400` with a HINT naming
 //!   `tsoracle.max_members`; a removed member keeps its slot (still refused) until it is
 //!   re-admitted;
-//! - a real member that finds the fleet full: its callers get `53400` and the oracle's HINT,
-//!   not `57P03` after `tsoracle.extension_timeout_ms`; once a place is freed it is served.
+//! - a real member that finds the fleet full: its callers get `53400` and the oracle's message
+//!   and HINT whole (the HINT is longer than the 240 bytes a member used to keep), not `57P03`
+//!   after `tsoracle.extension_timeout_ms`; once a place is freed it is served; restarted
+//!   with its schema outdated, it says so in `tso_member_status().last_error`.
 //!
 //! - a member's statements run only on the oracle session that said its hello: through
 //!   PgBouncer in transaction mode, with one server connection for two members, the second
@@ -29,7 +31,9 @@ use postgres::Client;
 use tsoracle_tests::fleet::{admit_members, member, member_opts, oracle_conninfo, MEMBER_ROLE};
 use tsoracle_tests::fleet_load::system_identifier;
 use tsoracle_tests::pooler::{create_role, PgBouncer, PgBouncerOpts};
-use tsoracle_tests::{expect_sqlstate, pg_error_string, poll_until, serving_node, Node, NodeOpts};
+use tsoracle_tests::{
+    expect_sqlstate, pg_error_string, poll_until, serving_node, Node, NodeOpts, StopMode,
+};
 
 const MAX_MEMBERS: i64 = 128;
 const SIMULATED: i64 = 100;
@@ -81,6 +85,17 @@ fn extension_version(node: &Node) -> String {
         .query_one("SELECT extversion FROM pg_extension WHERE extname = 'tsoracle'", &[])
         .unwrap()
         .get(0)
+}
+
+/// The version of tsoracle `node`'s catalog says is installed, set by hand.
+fn set_version(node: &Node, version: &str) {
+    node.connect()
+        .execute("UPDATE pg_extension SET extversion = $1 WHERE extname = 'tsoracle'", &[&version])
+        .expect("set extversion");
+}
+
+fn message(e: &postgres::Error) -> String {
+    e.as_db_error().map(|d| d.message()).unwrap_or_default().to_string()
 }
 
 fn hint(e: &postgres::Error) -> String {
@@ -146,6 +161,8 @@ fn an_oracle_admits_max_members_and_refuses_the_next_with_its_reason() {
     );
     assert!(pg_error_string(&e).contains("at most 128 members"), "{}", pg_error_string(&e));
     assert!(hint(&e).contains("tsoracle.max_members"), "HINT: {}", hint(&e));
+    let (oracle_message, oracle_hint) = (message(&e), hint(&e));
+    assert!(oracle_hint.len() > 240, "a HINT longer than a member used to keep: {oracle_hint}");
 
     // A removed member keeps its slot: the fleet stays full until it is re-admitted.
     let (gone, c) = sessions.pop().expect("a session");
@@ -163,7 +180,7 @@ fn an_oracle_admits_max_members_and_refuses_the_next_with_its_reason() {
     );
 
     // A real member that finds the fleet full: its callers hear why, as the oracle said it.
-    let full = Node::start_new("fs-full", member_opts(&conninfo)).expect("start the member");
+    let mut full = Node::start_new("fs-full", member_opts(&conninfo)).expect("start the member");
     full.connect().batch_execute("CREATE EXTENSION tsoracle").expect("CREATE EXTENSION");
     let e = poll_until("the full fleet's refusal on the member", Duration::from_secs(30), || {
         match full.connect().query_one("SELECT tso_next()", &[]) {
@@ -173,8 +190,9 @@ fn an_oracle_admits_max_members_and_refuses_the_next_with_its_reason() {
             Err(_) => None,
         }
     });
-    assert!(pg_error_string(&e).contains("at most 128 members"), "{}", pg_error_string(&e));
-    assert!(hint(&e).contains("tsoracle.max_members"), "HINT on the member: {}", hint(&e));
+    // The oracle's message and HINT whole, whatever their length.
+    assert_eq!(message(&e), format!("the oracle refused this member: {oracle_message}"));
+    assert_eq!(hint(&e), oracle_hint, "the oracle's HINT, whole, on the member");
     let last_error: Option<String> =
         full.connect().query_one("SELECT last_error FROM tso_member_status()", &[]).unwrap().get(0);
     assert!(last_error.unwrap_or_default().contains("53400"), "tso_member_status().last_error");
@@ -186,6 +204,26 @@ fn an_oracle_admits_max_members_and_refuses_the_next_with_its_reason() {
     let b: i64 = full.connect().query_one("SELECT tso_next()", &[]).unwrap().get(0);
     assert!(b > a, "{b} after {a}");
     assert_eq!(slots_in_use(&oracle), MAX_MEMBERS);
+
+    // Its schema outdated (the catalog says an older version, as after a new library before
+    // ALTER EXTENSION UPDATE): the member says so in tso_member_status().last_error, which
+    // its alert points at, instead of nothing while it waits (the oracle is not to blame).
+    let installed = extension_version(&full);
+    set_version(&full, "0.5.0");
+    full.restart(StopMode::Fast).expect("restart the member");
+    let (connected, why) =
+        poll_until("the member names its outdated schema", Duration::from_secs(30), || {
+            let row = full
+                .connect()
+                .query_one("SELECT connected, last_error FROM tso_member_status()", &[])
+                .ok()?;
+            let why: Option<String> = row.get(1);
+            why.filter(|w| w.contains("ALTER EXTENSION tsoracle UPDATE"))
+                .map(|w| (row.get::<_, bool>(0), w))
+        });
+    assert!(!connected && why.contains("0.5.0"), "{why}");
+    set_version(&full, &installed);
+    full.wait_serving().expect("the member served once its schema is the library's");
 }
 
 #[test]

@@ -5,7 +5,7 @@
 //! serves nothing on its own — no timestamp, block or lease, in place neither — while
 //! `tsoracle.member_oracle` holds a row: the durable mark of a member, which its standbys
 //! inherit by replay, and which the runbook to leave a fleet deletes once the oracle's
-//! high-water and counters are copied in (docs/operations/fleet.md, "Leaving a fleet").
+//! high-water and counters are copied in (docs/operations/fleet/leave.md).
 
 use crate::pg::xact::sql_transaction;
 use crate::shmem::oracle::FORMER_MEMBER;
@@ -64,7 +64,7 @@ pub(crate) fn wait_until_alone(signals: &'static Signals) -> bool {
             signals.window.close();
             signals.broadcast();
             pgrx::warning!(
-                "tsoracle: {why}; set tsoracle.oracle to its oracle, or leave the fleet by the runbook (docs/operations/fleet.md, \"Leaving a fleet\")"
+                "tsoracle: {why}; set tsoracle.oracle to its oracle, or leave the fleet by the runbook (docs/operations/fleet/leave.md, \"Leaving a fleet\")"
             );
         }
         if !BackgroundWorker::wait_latch(Some(Duration::from_secs(1))) {

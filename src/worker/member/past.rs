@@ -184,14 +184,14 @@ pub(super) fn refusals(
 ) -> Vec<(Ticket, Vec<Reply>)> {
     let hint = match below {
         BelowOwnPast::Timestamps { high_water_ms, .. } => format!(
-            "If the oracle answering is a deposed primary brought back, stop it: only the oracle's current primary may serve. Otherwise seed the oracle above this cluster's own values: SELECT tso_seed({}) on the oracle (docs/operations/fleet.md, \"Joining a fleet\").",
+            "If the oracle answering is a deposed primary brought back, stop it: only the oracle's current primary may serve. Otherwise seed the oracle above this cluster's own values: SELECT tso_seed({}) on the oracle (docs/operations/fleet/join.md, \"Joining a fleet\").",
             high_water_ms.saturating_add(1)
         ),
         BelowOwnPast::HandedOut { key, kept, .. } => {
             let (key, end) = (key.replace('\'', "''"), kept.end);
             format!("If the oracle answering is a deposed primary brought back, or a copy restored from a backup, stop it: only the oracle's current primary may serve. If it was restored on purpose, raise its counter above every block the members handed out (this member's ends at {end}; take the highest next of the key in every member's tsoracle.member_counter: UPDATE tsoracle.seq SET next = GREATEST(next, <highest>) WHERE key = '{key}' on the oracle), then delete the key's row here (DELETE FROM tsoracle.member_counter WHERE key = '{key}') and restart this member.")
         }
-        BelowOwnPast::Counter { .. } => "Carry this cluster's counters to the oracle: COPY (SELECT key, next FROM tsoracle.seq) here into COPY tsoracle.seq (key, next) on the oracle (docs/operations/fleet.md, \"Joining a fleet\").".to_string(),
+        BelowOwnPast::Counter { .. } => "Carry this cluster's counters to the oracle: COPY (SELECT key, next FROM tsoracle.seq) here into COPY tsoracle.seq (key, next) on the oracle (docs/operations/fleet/join.md, \"Joining a fleet\").".to_string(),
     };
     let message = below.to_string();
     let mut member = MEMBER.exclusive();
