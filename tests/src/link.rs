@@ -28,9 +28,6 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
-/// How often a writer holding a chunk looks again at a stall or a drop.
-const LOOK: Duration = Duration::from_millis(5);
-
 /// The state every thread of a link shares.
 #[derive(Default)]
 struct Shared {
@@ -47,6 +44,13 @@ struct Shared {
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// `until` at least `d` from now.
+fn extend(until: &Mutex<Option<Instant>>, d: Duration) {
+    let mut u = lock(until);
+    let at = Instant::now() + d;
+    *u = Some(u.map_or(at, |was| was.max(at)));
 }
 
 impl Shared {
@@ -108,14 +112,16 @@ impl Link {
         open.len()
     }
 
-    /// Close every new connection as soon as it is accepted, for `d` from now.
+    /// Close every new connection as soon as it is accepted, for `d` from now (or longer, if
+    /// an earlier call said so).
     pub fn refuse_for(&self, d: Duration) {
-        *lock(&self.shared.refuse_until) = Some(Instant::now() + d);
+        extend(&self.shared.refuse_until, d);
     }
 
-    /// Write nothing either way, on any connection, for `d` from now.
+    /// Write nothing either way, on any connection, for `d` from now (or longer, if an
+    /// earlier call said so).
     pub fn stall_for(&self, d: Duration) {
-        *lock(&self.shared.stall_until) = Some(Instant::now() + d);
+        extend(&self.shared.stall_until, d);
     }
 
     /// Connections accepted and forwarded so far.
@@ -246,13 +252,14 @@ fn write_due(rx: &Receiver<Chunk>, mut to: TcpStream, shared: &Shared) -> bool {
             let _ = to.shutdown(Shutdown::Write);
             return true;
         };
+        // One sleep until it is due (a stall only ever makes it later: looked at again then).
         loop {
             let now = Instant::now();
             let wake = Shared::until(&shared.stall_until).map_or(due, |s| s.max(due));
             if now >= wake {
                 break;
             }
-            thread::sleep((wake - now).min(LOOK));
+            thread::sleep(wake - now);
         }
         if to.write_all(&data).is_err() {
             return false;
