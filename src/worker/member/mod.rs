@@ -105,7 +105,7 @@ const RESET_BY: [&str; 2] = ["26000", "0A000"];
 /// Round trips in flight at once on the connection. Callers wake the proxy while fewer are in
 /// flight (their calls leave at once); at this many they do not, and their calls leave as one
 /// lands, with every call queued meanwhile.
-const MAX_IN_FLIGHT: usize = 4;
+const MAX_IN_FLIGHT: usize = 8;
 
 /// How long calls refused for now (`57P03`, `25006`) wait before they are sent again.
 const RETRY_PAUSE: Duration = Duration::from_millis(20);
