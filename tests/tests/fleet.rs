@@ -783,5 +783,9 @@ fn a_member_across_a_slow_lossy_link_recovers_and_keeps_one_order() {
         }
     }
     assert!(!failed.is_empty(), "no call failed: the stall did not reach the callers");
-    eprintln!("{} calls on the member; failed, by SQLSTATE: {failed:?}", calls.len());
+    let longest = calls.iter().map(|(took, _)| *took).max().unwrap_or_default();
+    eprintln!(
+        "{} calls on the member, the longest {longest:?}; failed, by SQLSTATE: {failed:?}",
+        calls.len()
+    );
 }
