@@ -1,6 +1,7 @@
 //! A fleet under load across upgrades (tests/tests/upgrade_fleet.rs, `pg_upgrade`;
 //! tests/tests/upgrade_rolling.rs, a new minor version one cluster at a time): timestamps and
-//! blocks taken through the members, `R_f` watched on the oracle, and the checks at the end.
+//! blocks taken through the members, `R_f` watched on the oracle, and the checks at the end;
+//! a member's held values against `R_f` ([`HoldWatch`], tests/tests/fleet.rs's lossy link).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -148,5 +149,114 @@ pub fn check_histories(
     let blocks = dense.check(Some(&totals)).unwrap_or_else(|v| panic!("blocks: {v}"));
     for key in KEYS {
         assert!(blocks.keys[key].ok_calls > 0, "{key}: no block granted");
+    }
+}
+
+/// A transaction on a member that holds a timestamp while `R_f` is read on the oracle, again
+/// and again until stopped (docs/fleet.md, "Reading a fleet in order"): `R_f` must stay below
+/// every value a transaction still holds, and below every value handed out after it was read.
+pub struct HoldWatch {
+    stop: Arc<AtomicBool>,
+    thread: std::thread::JoinHandle<HoldSeen>,
+}
+
+#[derive(Default)]
+struct HoldSeen {
+    /// `R_f` read while a value was held: (held, R_f).
+    held: Vec<(i64, i64)>,
+    /// `R_f` as read, and the instant its read had ended.
+    reads: Vec<(std::time::Instant, i64)>,
+}
+
+impl HoldWatch {
+    /// Hold on `member` (a connection string), read `R_f` at `oracle`.
+    pub fn start(member: String, oracle: String) -> HoldWatch {
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopped = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let mut seen = HoldSeen::default();
+            let (mut m, mut o): (Option<Client>, Option<Client>) = (None, None);
+            while !stopped.load(Ordering::SeqCst) {
+                std::thread::sleep(Duration::from_millis(20));
+                let (Some(mc), Some(oc)) = (m.as_mut(), o.as_mut()) else {
+                    m = m.or_else(|| Client::connect(&member, postgres::NoTls).ok());
+                    o = o.or_else(|| Client::connect(&oracle, postgres::NoTls).ok());
+                    continue;
+                };
+                let held = mc
+                    .batch_execute("BEGIN")
+                    .and_then(|()| mc.query_one("SELECT tso_next()", &[]))
+                    .map(|r| r.get::<_, i64>(0));
+                let Ok(held) = held else {
+                    // The member could not serve (the link is down): try again.
+                    if mc.batch_execute("ROLLBACK").is_err() {
+                        m = None;
+                    }
+                    continue;
+                };
+                // Held for 400 ms: longer than a report of the member's R and its publication
+                // in R_f take (tsoracle.resolved_interval_ms, 100 ms, each).
+                for _ in 0..8 {
+                    match oc.query_one("SELECT tso_fleet_resolved()", &[]) {
+                        Ok(r) => {
+                            let rf: i64 = r.get(0);
+                            seen.held.push((held, rf));
+                            seen.reads.push((std::time::Instant::now(), rf));
+                        }
+                        Err(_) => {
+                            o = None;
+                            break;
+                        }
+                    }
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                if mc.batch_execute("COMMIT").is_err() {
+                    m = None;
+                }
+            }
+            seen
+        });
+        HoldWatch { stop, thread }
+    }
+
+    /// Stop. `R_f` was read at least `min` times while a value was held, and was below it
+    /// every time; every call on `node` in `history` that began after a read of `R_f` got
+    /// values above it.
+    pub fn check(self, min: usize, history: &History, node: &str) {
+        self.stop.store(true, Ordering::SeqCst);
+        let seen = self.thread.join().expect("the hold watch");
+        assert!(
+            seen.held.len() >= min,
+            "R_f read {} times while a value was held",
+            seen.held.len()
+        );
+        for &(held, rf) in &seen.held {
+            assert!(rf < held, "R_f {rf} passed {held}, which a transaction on the member held");
+        }
+        // The calls by start; the lowest first value among those that began at or after each.
+        let mut calls: Vec<(std::time::Instant, i64)> = history.with_calls(|c| {
+            c.iter()
+                .filter(|c| c.node == node)
+                .filter_map(|c| Some((c.start, c.first()?)))
+                .collect()
+        });
+        calls.sort();
+        let mut lowest_after = vec![i64::MAX; calls.len() + 1];
+        for i in (0..calls.len()).rev() {
+            lowest_after[i] = lowest_after[i + 1].min(calls[i].1);
+        }
+        for &(at, rf) in &seen.reads {
+            let i = calls.partition_point(|&(start, _)| start <= at);
+            assert!(
+                lowest_after[i] > rf,
+                "R_f {rf} was read before a call on {node} began that got {}",
+                lowest_after[i]
+            );
+        }
+        eprintln!(
+            "R_f read {} times while a value was held, below it; {} reads before later calls",
+            seen.held.len(),
+            seen.reads.len()
+        );
     }
 }

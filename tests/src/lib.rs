@@ -21,6 +21,8 @@
 //!   timestamp layout, SQLSTATE assertions).
 //! * [`pooler`]: PgBouncer in front of a node, with the configuration the repository ships.
 //! * [`fleet`]: a fleet's oracle, its members' role and connection strings, the relay binary.
+//! * [`link`]: a TCP forwarder with a latency each way that drops, refuses and stalls
+//!   connections on demand: a member a network away from its oracle.
 //! * [`tls`]: a throw-away certificate authority, and a node that requires TLS of some roles.
 //! * [`exporter`]: postgres_exporter with the queries the repository ships, its scrapes
 //!   parsed; `promtool` for the alert rules.
@@ -37,6 +39,7 @@ pub mod exporter;
 pub mod fleet;
 pub mod fleet_load;
 pub mod history;
+pub mod link;
 pub mod load;
 pub mod node;
 pub mod patroni;

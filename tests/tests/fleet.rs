@@ -23,7 +23,10 @@
 //!   oracle that served the member is refused until a superuser deletes that memory;
 //! - an oracle that handed over (epoch 0) is not serving, not a deposed primary;
 //! - TLS with `sslmode=verify-full`: served when the member trusts the oracle's certificate,
-//!   refused with libpq's reason when it does not, or when it does not use TLS.
+//!   refused with libpq's reason when it does not, or when it does not use TLS;
+//! - a member across a slow, lossy link (5 ms round trips; connections dropped, refused,
+//!   stalled) recovers, its calls fail only within their bound and to be retried, nothing is
+//!   handed out twice, and `R_f` never passes a value the member holds.
 //!
 //! Run with: `cargo test -p tsoracle-tests --test fleet -- --test-threads=2`
 
@@ -40,6 +43,8 @@ use tsoracle_tests::exporter::Exporter;
 use tsoracle_tests::fleet::{
     admit_members, end_member_sessions, member, member_opts, oracle_conninfo, MEMBER_ROLE,
 };
+use tsoracle_tests::fleet_load::{check_histories, load_members, HoldWatch};
+use tsoracle_tests::link::Link;
 use tsoracle_tests::load::{SeqLoad, SeqLoadOptions};
 use tsoracle_tests::seqlease::alter_system;
 use tsoracle_tests::tls::TestCa;
@@ -864,4 +869,102 @@ fn a_plain_role_on_a_member_reads_no_connection_string() {
     });
     assert!(has_word(&said, "127.0.0.1"), "a superuser reads what libpq said: {said}");
     check("the oracle down", true);
+}
+
+/// The SQLSTATE of a call the history recorded as failed (`pg_error_string`'s text).
+fn sqlstate_of(error: &str) -> &str {
+    error.strip_prefix("SQLSTATE ").and_then(|s| s.get(..5)).unwrap_or("none")
+}
+
+/// A member a network away, across a slow and lossy link (`tsoracle_tests::link`: 5 ms round
+/// trips), under load: the link drops every connection, refuses new ones for a while, stalls
+/// past `tsoracle.extension_timeout_ms` and for less. The member recovers each time; every
+/// call that fails fails within `extension_timeout_ms` with a SQLSTATE to retry on (`57P03`;
+/// `40003` for a block whose answer was lost); no value or block is handed out twice, and
+/// the real-time order holds across the member and the oracle; `R_f` never passes a value a
+/// transaction on the member holds, nor one handed out after it was read.
+#[test]
+fn a_member_across_a_slow_lossy_link_recovers_and_keeps_one_order() {
+    const TIMEOUT_MS: u64 = 2000;
+    let oracle = serving_node("fleet-link-oracle", NodeOpts::new());
+    admit_members(&oracle);
+    let link = Link::start(oracle.port(), Duration::from_micros(2500)).expect("the link");
+    let m = serving_node(
+        "fleet-link-m",
+        member_opts(&oracle_conninfo(&[link.port()], MEMBER_ROLE))
+            .setting("tsoracle.extension_timeout_ms", TIMEOUT_MS),
+    );
+    let history = History::default();
+    let dense = DenseHistory::default();
+    let (loads, seqs) = load_members(&[&m], &history, &dense);
+    let on_oracle = Load::start(
+        vec![Endpoint::fixed("fleet-link-oracle", &oracle.conninfo())],
+        LoadOptions::new(2, Duration::from_secs(120)),
+        ops::tso_next(),
+        history.clone(),
+    );
+    let nodes = [m.name(), "fleet-link-oracle"];
+    let hold = HoldWatch::start(m.conninfo(), oracle.conninfo());
+    let progress = |what: &str| history.wait_progress_on(&nodes, Instant::now(), 100, what);
+    progress("the member serves through the link");
+    let connects = |m: &Node| -> i64 {
+        m.connect().query_one("SELECT connects FROM tso_member_status()", &[]).unwrap().get(0)
+    };
+    let before = connects(&m);
+
+    // Every connection dropped, under load.
+    assert!(link.drop_all() >= 1, "the member's connection went through the link");
+    progress("the member serves after its connection was dropped");
+    // Dropped, and new connections refused for 1.5 s.
+    link.drop_all();
+    link.refuse_for(Duration::from_millis(1500));
+    progress("the member serves after the link refused it");
+    assert!(link.refused() >= 1, "the member tried to connect while refused");
+    // A stall longer than the callers wait: the member gives the connection up, and again
+    // the next it makes (held mid-handshake) until the stall ends.
+    link.stall_for(Duration::from_millis(TIMEOUT_MS + 1000));
+    progress("the member serves after a long stall");
+    // A short stall: calls wait, and are served.
+    link.stall_for(Duration::from_millis(TIMEOUT_MS / 4));
+    progress("the member serves after a short stall");
+    link.drop_all();
+    progress("the member serves after a last drop");
+
+    on_oracle.stop_and_join();
+    check_histories(loads, seqs, &history, &dense, &oracle);
+    hold.check(20, &history, m.name());
+    assert!(connects(&m) >= before + 3, "the member connected again after each fault");
+    // Every call on the member ended within its bound, and failed only to be retried.
+    let bound = Duration::from_millis(TIMEOUT_MS + 1500);
+    let mut failed: BTreeMap<String, usize> = BTreeMap::new();
+    let calls: Vec<(Duration, Option<String>)> = history
+        .calls()
+        .into_iter()
+        .filter(|c| c.node == m.name())
+        .map(|c| (c.end - c.start, c.result.err()))
+        .chain(
+            dense
+                .calls()
+                .into_iter()
+                .map(|c| (c.end - c.start, c.result.err().map(|e| format!("block: {e}")))),
+        )
+        .collect();
+    for (took, error) in &calls {
+        assert!(*took <= bound, "a call on the member took {took:?}: {error:?}");
+        if let Some(e) = error {
+            let block = e.starts_with("block: ");
+            let state = sqlstate_of(e.trim_start_matches("block: "));
+            assert!(
+                state == "57P03" || (block && state == "40003"),
+                "a call on the member failed with {e}"
+            );
+            *failed.entry(state.to_string()).or_default() += 1;
+        }
+    }
+    assert!(!failed.is_empty(), "no call failed: the stall did not reach the callers");
+    let longest = calls.iter().map(|(took, _)| *took).max().unwrap_or_default();
+    eprintln!(
+        "{} calls on the member, the longest {longest:?}; failed, by SQLSTATE: {failed:?}",
+        calls.len()
+    );
 }

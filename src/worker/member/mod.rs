@@ -6,10 +6,14 @@
 //!   it.
 //! - Every `tso_next()`-like call waiting when a round trip leaves goes in it: one
 //!   `tsoracle.member_next(n)` for all of them (one per `MAX_BATCH` values), `n` their sum,
-//!   split in order. A caller wakes the proxy only while fewer than `LOOK_WHEN_IN_FLIGHT`
-//!   round trips are in flight; otherwise its call leaves as one of them lands, with every
-//!   call queued meanwhile (group commit's pattern). Nothing is fetched ahead: each value was
-//!   issued by the oracle after its call had begun.
+//!   split in order. Nothing is fetched ahead: each value was issued by the oracle after its
+//!   call had begun.
+//! - A call leaves at once, in a round trip of its own and the calls queued with it, without
+//!   waiting for the round trips in flight to land: its caller wakes the proxy while fewer
+//!   than `MAX_IN_FLIGHT` are in flight. With `MAX_IN_FLIGHT` in flight the callers no longer
+//!   wake it, and every call queued meanwhile leaves together as one of them lands (group
+//!   commit's pattern). So a call pays one round trip to the oracle, not the rest of the one
+//!   in flight when it came and then its own: what counts a network away.
 //! - Every other call (a block, a lease, the frontier) is one statement of its own.
 //! - Every answer carries the oracle's epoch; one older than an epoch already seen (a deposed
 //!   primary still answering) is refused, and the connection dropped.
@@ -20,6 +24,35 @@
 //! - A cluster that served on its own before it joined hands out nothing of the oracle's that
 //!   repeats what its own tables hold (`OwnPast`): the oracle must be seeded above them.
 //! - After `tso_handover()` the connection is closed, and nothing more is handed out.
+//!
+//! # Why the pipeline keeps the order
+//!
+//! Several round trips in flight at once change nothing of what a value means:
+//!
+//! - **A later statement gets a later value.** A call is taken from the queue only after its
+//!   caller queued it, and the round trip that carries it is sent after that: the oracle
+//!   issues its values after the call began. A call that began after another returned was
+//!   queued after that other's values had reached this process, so after the oracle had
+//!   issued them; the oracle's order (a value issued later is greater) puts its values above,
+//!   whichever round trip, connection or primary carried each. This holds whatever else is
+//!   in flight: the round trips in flight when a call is queued cannot carry it.
+//! - **Answers land in the order they were sent.** The oracle's backend runs one
+//!   connection's statements one after another and answers them in that order, and `sent`
+//!   is matched against them in that order (a sync point per statement: an error ends only
+//!   its own). So each answer of `tsoracle.member_next` is above every one before it on the
+//!   connection, `member_floor` rises with each landing, and an answer below it is still an
+//!   oracle gone back (`land.rs`), never a round trip overtaken by another.
+//! - **`R` and leases.** A backend holds its slot at `member_floor` before it queues its call;
+//!   every value of a round trip sent after that is above it, and the round trips in flight
+//!   before cannot carry its call. A lease in flight holds `R` through the worker's own slot
+//!   from the moment it is sent until it lands, however many are in flight (`grants.rs`).
+//! - **Blocks and reads** are statements of their own, carried out by the oracle in the order
+//!   sent; a block is granted once (`40003` when its answer is lost, never sent again), a read
+//!   is read again. **The session filter** is a parameter of every statement: each runs only
+//!   on the session its hello named, in flight with others or not.
+//! - **A lost connection** loses every round trip in flight at once; each is handled as one
+//!   alone would be (a timestamp fetched again on the next connection, above everything
+//!   before; a block or lease `40003`).
 //!
 //! The worker waits on its latch and on the connection's socket together, in its one thread.
 //!
@@ -69,12 +102,10 @@ use tsoracle_core::queue::{EntryState, Ticket};
 /// (`0A000`: the extension was updated under it): the connection is made again.
 const RESET_BY: [&str; 2] = ["26000", "0A000"];
 
-/// Callers stop waking the proxy once this many round trips are in flight: the next one
-/// leaves as one of them lands, with every call queued meanwhile.
-const LOOK_WHEN_IN_FLIGHT: usize = 1;
-
-/// Round trips in flight at once on the connection.
-const MAX_IN_FLIGHT: usize = 4;
+/// Round trips in flight at once on the connection. Callers wake the proxy while fewer are in
+/// flight (their calls leave at once); at this many they do not, and their calls leave as one
+/// lands, with every call queued meanwhile.
+const MAX_IN_FLIGHT: usize = 8;
 
 /// How long calls refused for now (`57P03`, `25006`) wait before they are sent again.
 const RETRY_PAUSE: Duration = Duration::from_millis(20);

@@ -35,15 +35,15 @@ impl Proxy {
                 requests,
                 since: now,
             }));
-            // With LOOK_WHEN_IN_FLIGHT round trips in flight after this turn, the calls queued
-            // from now on are taken as one lands: their callers need not wake this process.
+            // With MAX_IN_FLIGHT round trips in flight after this turn, the calls queued from
+            // now on are taken as one lands: their callers need not wake this process. With
+            // fewer, they wake it, and leave at once (the pipeline: mod.rs).
             // (A build for the hand-off floor answers tso_next() at once: nothing in flight.)
             let sending = calls.iter().any(|w| {
                 (is_next(w) && !cfg!(feature = "handoff-floor"))
                     || call_statement(&w.requests).is_some()
             });
-            queue.header.worker_will_look =
-                self.sent.len() + usize::from(sending) >= LOOK_WHEN_IN_FLIGHT;
+            queue.header.worker_will_look = self.sent.len() + usize::from(sending) >= MAX_IN_FLIGHT;
         }
         // Answered only to free their entries: nobody waits for them.
         answer(
