@@ -88,7 +88,7 @@ pub fn may_take_over(now_mono_ms: u64, last_heard_mono_ms: u64, silence_ms: u64)
 }
 
 /// What a member's session says, at its hello, of the run of its cluster it speaks for
-/// (docs/fleet.md, "One run at a time"): a run is one postmaster's life (`run`: its start, in
+/// (docs/fleet-resolved.md, "One run at a time"): a run is one postmaster's life (`run`: its start, in
 /// µs); `prev` is the run this cluster's own table named before this one began (0: none), and
 /// `ended_prev` whether this cluster can prove that run ended — it started from a clean
 /// shutdown, or it was promoted since it last registered. A snapshot of a running member,

@@ -64,7 +64,7 @@ static CLEAN_START: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBoo
 /// Read, in the postmaster while it preloads the library, whether the cluster was shut down
 /// cleanly (`global/pg_control`, in the data directory, the postmaster's working directory).
 /// Anything unreadable counts as not clean: a member then proves less, never more
-/// (docs/fleet.md, "One run at a time").
+/// (docs/fleet-resolved.md, "One run at a time").
 pub fn note_start() {
     let offset = std::mem::offset_of!(pgrx::pg_sys::ControlFileData, state);
     let clean = match std::fs::read("global/pg_control") {

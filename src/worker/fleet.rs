@@ -7,7 +7,7 @@
 //! committed: a new primary starts from the persisted one and from the persisted entries, so
 //! `R_f` never goes down across a failover. A member is served no timestamp before its
 //! registration committed (`caller::fleet::check_served`), nor before the run that speaks
-//! for it and its hold (docs/fleet.md, "One run at a time") committed: the oracle's restart or
+//! for it and its hold (docs/fleet-resolved.md, "One run at a time") committed: the oracle's restart or
 //! failover forgets neither.
 
 use crate::shmem::fleet::{MemberSlot, Slots, FLEET};

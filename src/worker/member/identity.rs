@@ -18,7 +18,7 @@ const IN_USE: &str = "55006";
 pub(super) struct Identity {
     kept: MemberIdentity,
     /// This run (this postmaster's start, in µs since 1970), and the run the table named
-    /// before it began (0: none): kept in `updated_at` (docs/fleet.md, "One run at a time").
+    /// before it began (0: none): kept in `updated_at` (docs/fleet-resolved.md, "One run at a time").
     run: u64,
     prev: u64,
     /// Whether the table names this run already.
