@@ -486,7 +486,9 @@ unsafe fn describe_here(rel: pg_sys::Relation) -> (String, String) {
 
 /// The functions `oids` and `tsoracle.note_restore()`, each as a line of facts (language,
 /// volatility, `SECURITY DEFINER`, `STRICT`, `SET` clauses, whether a superuser owns it)
-/// followed by its source, ordered by signature; "" if they cannot be read.
+/// followed by its source, ordered by signature; "" if they cannot be read. Run as the
+/// caller, who may be no superuser: only catalogs every role reads (`pg_roles`, not
+/// `pg_authid`), and no name lookup that checks the caller's privileges on the schema.
 fn functions(oids: &[pg_sys::Oid]) -> String {
     let list: Vec<String> = oids.iter().map(|o| o.to_u32().to_string()).collect();
     let query = format!(
@@ -499,9 +501,12 @@ fn functions(oids: &[pg_sys::Oid]) -> String {
                 ORDER BY p.oid::pg_catalog.regprocedure::pg_catalog.text) \
            FROM pg_catalog.pg_proc p \
            JOIN pg_catalog.pg_language l ON l.oid OPERATOR(pg_catalog.=) p.prolang \
-           LEFT JOIN pg_catalog.pg_authid r ON r.oid OPERATOR(pg_catalog.=) p.proowner \
+           LEFT JOIN pg_catalog.pg_roles r ON r.oid OPERATOR(pg_catalog.=) p.proowner \
           WHERE p.oid OPERATOR(pg_catalog.=) ANY ('{{{}}}'::pg_catalog.oid[]) \
-             OR p.oid OPERATOR(pg_catalog.=) pg_catalog.to_regprocedure('tsoracle.note_restore()')",
+             OR (p.proname OPERATOR(pg_catalog.=) 'note_restore' \
+                 AND p.pronargs OPERATOR(pg_catalog.=) 0 \
+                 AND p.pronamespace OPERATOR(pg_catalog.=) (SELECT n.oid FROM pg_catalog.pg_namespace n \
+                     WHERE n.nspname OPERATOR(pg_catalog.=) 'tsoracle'))",
         list.join(",")
     );
     // The result ends with the last source; a line break closes it as the others are.

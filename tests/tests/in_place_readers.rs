@@ -292,6 +292,9 @@ fn standbys_that_decode_see_every_advance() {
     s.start().expect("start the standby");
     wait_replayed(&primary, &s).expect("replayed");
     let mut c = Node::base_backup_from(&s, "readers-sb-c").expect("pg_basebackup of the standby");
+    // No slot and no feedback of its own (it has the standby's settings).
+    c.unset_conf("primary_slot_name").unwrap();
+    c.set_conf("hot_standby_feedback", "off").unwrap();
     c.start().expect("start the cascaded standby");
     wait_replayed(&primary, &c).expect("replayed on the cascaded standby");
     standby_slot(&mut p, &s, "cdc");
