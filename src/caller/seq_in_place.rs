@@ -17,9 +17,10 @@
 //! `CREATE INDEX`, `VACUUM FULL`, `LOCK TABLE` — sends the call to the worker, whose own wait
 //! is bounded), check the table's preconditions (`pg::inplace::preconditions`), find the row
 //! through the primary key with a fresh snapshot, lock its buffer exclusively, check that the
-//! line pointer still holds the live, unlocked version for this key, write, log, unlock both,
-//! look again for a logical slot made meanwhile (`pg::inplace::decoding_slot`) and for a
-//! handover requested meanwhile, then flush
+//! line pointer still holds the live, unlocked version for this key, write, log, unlock the
+//! buffer, look again at what can change without a conflicting lock
+//! (`pg::inplace::still_allowed`), unlock the table, look for a handover requested
+//! meanwhile, then flush
 //! the record and wait for synchronous standbys as a commit would. Only then is the block
 //! returned. A crash before the flush loses the record, and its block was never
 //! returned; a later block's flush covers every earlier record.
@@ -27,20 +28,22 @@
 //! Anything unusual goes to the worker instead ([`try_advance`] returns `None`): another
 //! database, a key that does not exist yet, a role that may not use the key (the worker
 //! reports it), configured synchronous standbys (the worker's wait for them is bounded),
-//! strict mode, `wal_level = minimal`, a table locked by someone else, a table that is not
-//! exactly as the extension installed it (`pg::installed`: any trigger, rule, index,
-//! constraint, policy or column of someone else's, a trigger not `ENABLE ALWAYS`, an
-//! unlogged table), made or rewritten by the caller's own transaction, any logical decoding
-//! that could see it or a publication, a row version that is not plainly live, a row another
-//! transaction has locked. A slot made between the check and the write sends the call to
-//! the worker after the write, and a handover requested then fails it: that block is a gap,
-//! never returned.
+//! strict mode, `wal_level` other than `replica` (`minimal`: no WAL to write; `logical`:
+//! decoding could miss it, here or on a standby, `pg::inplace::decodable`), a table locked by
+//! someone else, a table that is not exactly as the extension installed it (`pg::installed`:
+//! any trigger, rule, index, constraint, policy, column or child of someone else's, a trigger
+//! not `ENABLE ALWAYS`, a trigger function replaced, a default of `tsoracle.allow_drop`, an
+//! unlogged table), made or rewritten by the caller's own transaction, a logical slot or a
+//! publication, a row version that is not plainly live, a row another transaction has
+//! locked. A function replaced or a default set between the check and the write sends the
+//! call to the worker after the write, and a handover requested then fails it: that block is
+//! a gap, never returned.
 
 use crate::pg::catalog::{counter_table, in_worker_database};
 use crate::pg::error::TsoError;
 use crate::pg::guc;
 use crate::pg::inplace::{
-    decoding_slot, make_durable, preconditions, row_free, with_table_locked, write_logged,
+    make_durable, preconditions, row_free, still_allowed, with_table_locked, write_logged,
 };
 use crate::pg::installed::SEQ;
 use pgrx::pg_sys;
@@ -99,15 +102,9 @@ pub fn try_advance(key: &str, count: u64) -> Result<Option<(i64, i64)>, TsoError
     let Some(Some((start, made, lsn))) = written else {
         return Ok(None);
     };
-    // What can appear without a lock that conflicts with ours is looked at again now that
-    // the write is in the page. A logical slot created between the check and the write may
-    // not decode the write: the block is not returned (a gap), and the worker advances the
-    // counter past it as a row version, which the slot decodes. A handover requested
-    // meanwhile may already have been followed by a dump that read the page before the
-    // write: the block is a gap too, and the call fails as every later one does.
-    if decoding_slot() {
-        return Ok(None);
-    }
+    // A handover requested between the check and the write may already have been followed
+    // by a dump that read the page before the write: the block is a gap, and the call fails
+    // as every later one does.
     if crate::shmem::signals()?.handover_requested() {
         return Err(TsoError::NotServing(crate::shmem::oracle::HANDED_OVER.into()));
     }
@@ -137,7 +134,13 @@ unsafe fn write_in_place(relid: pg_sys::Oid, key: &str, count: u64) -> Option<(i
     // SAFETY: the caller holds a lock on the relation.
     let rel = unsafe { pg_sys::table_open(relid, pg_sys::NoLock as c_int) };
     // SAFETY: rel is open until table_close below.
-    let result = unsafe { locate_and_write(rel, key, count) };
+    let written = unsafe { locate_and_write(rel, key, count) };
+    // What can change without a lock that conflicts with ours (a trigger's function replaced,
+    // a default of tsoracle.allow_drop set, a slot made) is looked at again now that the
+    // write is in the page: if it changed, the block is not returned (a gap), and the worker
+    // advances the counter past it as a row version.
+    // SAFETY: rel is open and locked.
+    let result = written.filter(|_| unsafe { still_allowed(rel, &SEQ) });
     // SAFETY: closes what table_open opened; the lock stays with the caller.
     unsafe { pg_sys::table_close(rel, pg_sys::NoLock as c_int) };
     result

@@ -235,8 +235,8 @@ pub fn define() {
     );
     GucRegistry::define_string_guc(
         c"tsoracle.in_place_ignore_slots",
-        c"Logical replication slots, by name (comma-separated), that never decode tsoracle's tables.",
-        c"Any other logical slot of tsoracle.database whose plugin is not pgoutput makes every advance of tsoracle.seq and tsoracle.high_water an ordinary row version, which its plugin decodes. Name here only slots whose consumer filters those tables out.",
+        c"Deprecated, no effect: kept so that a configuration that sets it still loads.",
+        c"Before 0.6.0 it named logical slots whose consumers were promised never to decode tsoracle's tables. Since 0.6.0 nothing is written in place at wal_level = logical, whatever slots exist, so no slot needs naming.",
         &IN_PLACE_IGNORE_SLOTS,
         GucContext::Sighup,
         GucFlags::default(),
@@ -477,14 +477,6 @@ pub fn max_members() -> usize {
 
 pub fn seq_in_place() -> bool {
     SEQ_IN_PLACE.get()
-}
-
-/// Whether `slot` is named in `tsoracle.in_place_ignore_slots` (names compared exactly,
-/// surrounding blanks ignored).
-pub fn in_place_ignores_slot(slot: &[u8]) -> bool {
-    IN_PLACE_IGNORE_SLOTS
-        .get()
-        .is_some_and(|list| list.as_bytes().split(|&b| b == b',').any(|n| n.trim_ascii() == slot))
 }
 
 #[cfg(feature = "clock-fault")]

@@ -5,10 +5,26 @@
 //!
 //! An in-place write makes no row version: WAL replay, standbys, crash recovery and
 //! `pg_rewind` see it (its generic record names the block), but nothing that follows a table
-//! through row versions, triggers or logical decoding does (docs/operations/maintenance.md,
-//! "Tools that follow a table"). So a value is written in place only where every reader of the
-//! table sees it, and both paths check that in the same way:
+//! through row versions, triggers, `xmin` or logical decoding does (docs/operations/in-place.md).
+//! So a value is written in place only under conditions that nothing elsewhere can make false
+//! without this server seeing it first, and both paths check them in the same way:
 //!
+//! - [`decodable`]: `wal_level` is below `logical`, and no logical slot of this database
+//!   exists. Logical decoding reads only WAL written at `wal_level = logical`: a slot cannot
+//!   be made below it, here or on a standby (PostgreSQL 16's decoding on a standby requires
+//!   the level its primary's WAL records, and invalidates the standby's slots when it
+//!   replays a record that lowers it), and a server that has a logical slot does not start
+//!   below it. `wal_level` is a postmaster setting: it changes only across a restart, whose
+//!   record of the new level comes before every record written after it, and a slot made
+//!   later decodes only from where it was made. So no decoder anywhere — this server, a
+//!   standby at any depth, one promoted after a failover, one that reconnects after a crash —
+//!   ever reads a record written in place. At `wal_level = logical` nothing is written in
+//!   place: the primary learns that a standby decodes only from feedback that may be
+//!   switched off, lost in a crash before a checkpoint, not yet sent to a new primary, or
+//!   never sent (a cascaded standby, a standby without a physical slot, one that restores
+//!   from the WAL archive), so nothing it can check would cover them all. The slot check
+//!   stands guard for a server that could make decoding possible without a restart, before
+//!   and after the write, as for a slot made between the two.
 //! - [`with_table_locked`]: the table is held `ROW EXCLUSIVE`, taken without waiting, for the
 //!   check and the write. That lock conflicts with every rewrite (`VACUUM FULL`, `CLUSTER`,
 //!   pg_repack's swap, `ALTER TABLE`), `CREATE TRIGGER` and `CREATE INDEX`; its acquisition
@@ -17,14 +33,16 @@
 //! - [`preconditions`]: the table is exactly as the extension installed it, compared as a
 //!   whole (`pg::installed`: columns, constraints, indexes, triggers — its own `BEFORE
 //!   UPDATE` trigger, which locks a row before an MVCC writer computes what it writes, `ENABLE
-//!   ALWAYS` —, rules, policies, persistence), so DDL nobody listed turns the path off too;
-//!   the file was not made by the open transaction (its abort would throw the write away);
-//!   no logical decoding could see it ([`decoding_slot`]: any logical slot of the database,
-//!   whatever its plugin, and any standby known to decode); no publication publishes it.
-//! - [`decoding_slot`] again after the write, and the caller's own checks that need no lock
-//!   (a handover): a slot is created without any lock on the table, so one created between
-//!   the check and the write makes the write untrusted (the caller then takes the row-version
-//!   path too, and what it wrote in place is a gap).
+//!   ALWAYS` —, the triggers' functions and their owners, inheritance children, rules,
+//!   policies, persistence, and no default of `tsoracle.allow_drop`), so DDL nobody listed
+//!   turns the path off too; the file was not made by the open transaction (its abort would
+//!   throw the write away); nothing could decode it ([`decodable`]); no publication
+//!   publishes it.
+//! - [`still_allowed`] after the write, still under the table lock, and the caller's own
+//!   checks that need no lock (a handover): what can change without a lock that conflicts
+//!   with ours (a function replaced, a default of `tsoracle.allow_drop` set, a slot made)
+//!   between the check and the write makes the write untrusted (the caller then takes the
+//!   row-version path too, and what it wrote in place is a gap).
 //! - [`row_free`]: under the buffer lock, the row's `xmin` committed and no running
 //!   transaction holds a lock on it.
 //! - [`write_logged`]: the new values stored, each with one aligned 8-byte store (a reader
@@ -47,12 +65,13 @@ use tsoracle_core::seq::may_return_after_sync_wait;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Refusal {
     /// The table is not exactly as the extension installed it (`pg::installed`): a trigger,
-    /// rule, index, constraint, policy, column or persistence of someone else's.
+    /// rule, index, constraint, policy, column, child, persistence, trigger function or
+    /// default of `tsoracle.allow_drop` of someone else's.
     NotAsInstalled,
     /// The open transaction created the table or gave it a new file.
     NewFile,
-    /// A logical replication slot may decode the table ([`decoding_slot`]).
-    Decoded,
+    /// Logical decoding could see the write ([`decodable`]).
+    Decodable,
     /// A publication publishes its updates.
     Published,
 }
@@ -74,13 +93,16 @@ pub fn with_table_locked<T>(relid: pg_sys::Oid, f: impl FnOnce() -> T) -> Option
     Some(result)
 }
 
-/// Whether `rel` may be written in place: exactly as the extension installed `table`
-/// (`pg::installed`, which reads the invalidations of everything committed before), its file
-/// not new in this transaction, no logical decoding that could see it, in no publication.
+/// Whether `rel` may be written in place: nothing could decode it, exactly as the extension
+/// installed `table` (`pg::installed`, which reads the invalidations of everything committed
+/// before), its file not new in this transaction, in no publication.
 ///
 /// # Safety
 /// `rel` is an open relation, locked by [`with_table_locked`], inside a transaction.
 pub unsafe fn preconditions(rel: pg_sys::Relation, table: &Installed) -> Result<(), Refusal> {
+    if decodable() {
+        return Err(Refusal::Decodable);
+    }
     // SAFETY: the caller's contract.
     if !unsafe { super::installed::as_installed(rel, table) } {
         return Err(Refusal::NotAsInstalled);
@@ -88,9 +110,6 @@ pub unsafe fn preconditions(rel: pg_sys::Relation, table: &Installed) -> Result<
     // SAFETY: the caller's contract: an open relation.
     if unsafe { compat::file_new_in_transaction(rel) } {
         return Err(Refusal::NewFile);
-    }
-    if decoding_slot() {
-        return Err(Refusal::Decoded);
     }
     // SAFETY: the open relation's publication descriptor (cached in its relcache entry),
     // built into a local.
@@ -105,31 +124,34 @@ pub unsafe fn preconditions(rel: pg_sys::Relation, table: &Installed) -> Result<
     Ok(())
 }
 
+/// After the write, still under the table lock: whether what can change without a lock that
+/// conflicts with it (a trigger's function replaced, a default of `tsoracle.allow_drop` set, a
+/// child made, a slot made) still allows it. If not, the write is untrusted: the caller takes
+/// the row-version path too, and returns nothing it wrote in place.
+///
+/// # Safety
+/// As [`preconditions`].
+pub unsafe fn still_allowed(rel: pg_sys::Relation, table: &Installed) -> bool {
+    // SAFETY: the caller's contract.
+    !decodable() && unsafe { super::installed::as_installed(rel, table) }
+}
+
 /// `ReplicationSlotControlLock`: `MainLWLockArray[37]` in every supported major (a macro in
 /// lwlock.h, so no binding).
 const REPLICATION_SLOT_CONTROL_LOCK: usize = 37;
 
-/// Whether logical decoding that this server can know of may see the extension's tables:
-///
-/// - any logical slot of this database, whatever its plugin (a `pgoutput` slot too: its
-///   publications are named by its subscriber, not recorded in the slot, and a copy of it,
-///   `pg_copy_logical_replication_slot`, may decode with any plugin from the point the
-///   original had reached), unless `tsoracle.in_place_ignore_slots` names it;
-/// - any physical slot with a `catalog_xmin`: a standby that streams through it (with
-///   `hot_standby_feedback`) has logical slots of its own, which decode what it replays.
-///
-/// A slot still being created counts. What the primary cannot know: a standby's slots
-/// before its feedback arrives, or a standby that streams without a physical slot
-/// (docs/operations/maintenance.md, "Tools that follow a table": decoding on a standby needs
-/// `tsoracle.seq_in_place = off` on the primary).
-pub fn decoding_slot() -> bool {
+/// Whether logical decoding could see a write made now, on this server or on any standby:
+/// `wal_level` is `logical` (the module's comment says why nothing less will do), or a
+/// logical slot of this database exists, whatever its plugin, still being created too.
+pub fn decodable() -> bool {
+    // SAFETY: a process-local global set from the server's configuration: a postmaster
+    // setting, the same in every process for the server's life.
+    if unsafe { pg_sys::wal_level } >= pg_sys::WalLevel::WAL_LEVEL_LOGICAL as c_int {
+        return true;
+    }
     // SAFETY: ReplicationSlotCtl is set up in shared memory with max_replication_slots
     // entries (NULL only before that); `in_use` and `data.database` change only under
-    // ReplicationSlotControlLock held exclusively, read here under it in shared mode. A
-    // physical slot's catalog_xmin is a 4-byte aligned value its walsender sets under the
-    // slot's spinlock: read volatile, never torn (a stale read is older by one feedback
-    // message, as the feedback itself is). The slot's name is read within its NAMEDATALEN
-    // bytes.
+    // ReplicationSlotControlLock held exclusively, read here under it in shared mode.
     unsafe {
         let ctl = pg_sys::ReplicationSlotCtl;
         let count = usize::try_from(pg_sys::max_replication_slots).unwrap_or(0);
@@ -140,27 +162,10 @@ pub fn decoding_slot() -> bool {
         pg_sys::LWLockAcquire(lock, pg_sys::LWLockMode::LW_SHARED);
         let slots = std::slice::from_raw_parts((*ctl).replication_slots.as_ptr(), count);
         let database = pg_sys::MyDatabaseId;
-        let found = slots.iter().any(|slot| {
-            if !slot.in_use {
-                return false;
-            }
-            if slot.data.database == pg_sys::InvalidOid {
-                let catalog_xmin = std::ptr::read_volatile(&raw const slot.effective_catalog_xmin);
-                return catalog_xmin != pg_sys::InvalidTransactionId;
-            }
-            slot.data.database == database
-                && !super::guc::in_place_ignores_slot(name_bytes(&slot.data.name.data))
-        });
+        let found = slots.iter().any(|slot| slot.in_use && slot.data.database == database);
         pg_sys::LWLockRelease(lock);
         found
     }
-}
-
-/// The bytes of a `NameData` up to its NUL (all of them if it has none).
-fn name_bytes(name: &[std::ffi::c_char]) -> &[u8] {
-    // SAFETY: c_char and u8 have the same size and alignment.
-    let bytes = unsafe { std::slice::from_raw_parts(name.as_ptr().cast::<u8>(), name.len()) };
-    bytes.iter().position(|&b| b == 0).map_or(bytes, |end| &bytes[..end])
 }
 
 /// Whether a row found with `xmin` (`hinted`: the page already says it committed) and `xmax`

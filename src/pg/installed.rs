@@ -8,17 +8,34 @@
 //! every column (name, type, `NOT NULL`, default, generated, identity, inherited from a
 //! parent); every `CHECK` constraint as PostgreSQL deparses it; every index as
 //! `pg_get_indexdef` prints it; every trigger as `pg_get_triggerdef` prints it, and whether it
-//! fires; every policy — and that description must equal the one the extension installs, to
-//! the letter. Any DDL that changes one of these, thought of or not, turns the in-place path
-//! off until it is undone; the table's other writers are unaffected. (A dropped column is left
-//! out: nothing reads or writes it.)
+//! fires; every policy; whether it has inheritance children — and, since what an MVCC writer
+//! may do to a row an in-place writer advanced is decided by the triggers' functions, each of
+//! those functions and `tsoracle.note_restore()` that they call (language, volatility,
+//! security, `SET` clauses, source, and that a superuser owns it) — and that description must
+//! equal the one the extension installs, to the letter (the functions' sources as
+//! `sql/finalize.sql` has them). Any DDL that changes one of these, thought of or not, turns
+//! the in-place path off until it is undone; the table's other writers are unaffected. (A
+//! dropped column is left out: nothing reads or writes it.) An inheritance child made since
+//! is seen by its parent's `relhassubclass`, which only a later `ANALYZE` of the table clears
+//! once the child is gone.
 //!
 //! The description is worked out once per backend and table, and again after any relcache
 //! invalidation of the table (PostgreSQL sends one for every change to what is described:
-//! `CacheRegisterRelcacheCallback`), so a call pays for it only after DDL. The callers hold
-//! the table `ROW EXCLUSIVE` from before the check until after the write, which every DDL
-//! that changes the description conflicts with (the one that does not, `CREATE INDEX
-//! CONCURRENTLY`, enters its index in the catalog and then waits for that lock to go).
+//! `CacheRegisterRelcacheCallback`) and any change to a function or a role
+//! (`CacheRegisterSyscacheCallback` on `pg_proc` and `pg_authid`: `CREATE OR REPLACE
+//! FUNCTION` sends no invalidation of the table), so a call pays for it only after DDL. The
+//! callers hold the table `ROW EXCLUSIVE` from before the check until after the write, which
+//! every DDL that changes the table's own description conflicts with (the one that does not,
+//! `CREATE INDEX CONCURRENTLY`, enters its index in the catalog and then waits for that lock
+//! to go); what needs no such lock (a function replaced, a child made) is checked again after
+//! the write (`pg::inplace::still_allowed`).
+//!
+//! Settings change what the trigger does too: `tsoracle.allow_drop` lets a superuser's
+//! session lower a counter. It is on in no session that nobody set it in explicitly: it is
+//! off in this one and in the server's configuration (this session's reset value), and no
+//! database or role has a default for it (`pg_db_role_setting`, which no invalidation
+//! covers: read on every check). A superuser's own `SET tsoracle.allow_drop = on` is the
+//! acceptance of the loss the setting exists for (docs/operations/in-place.md).
 
 use pgrx::pg_sys;
 use std::ffi::{c_char, CStr};
@@ -38,7 +55,7 @@ pub struct Installed {
 /// chain from 0.1.0: the same objects).
 pub static SEQ: Installed = Installed {
     description: "\
-relation kind r, heap, persistence p, rules false, row security false/false, partition false, typed false
+relation kind r, heap, persistence p, rules false, row security false/false, partition false, typed false, children false
 column key text not null
 column next bigint not null
 column updated_at timestamp with time zone not null default now()
@@ -61,7 +78,7 @@ policies 0
 /// `tsoracle.high_water`, as `sql/schema.sql` and `sql/finalize.sql` make it.
 pub static HIGH_WATER: Installed = Installed {
     description: "\
-relation kind r, heap, persistence p, rules false, row security false/false, partition false, typed false
+relation kind r, heap, persistence p, rules false, row security false/false, partition false, typed false, children false
 column id boolean not null default true
 column physical_ms bigint not null
 column epoch bigint not null
@@ -96,6 +113,115 @@ unsafe extern "C-unwind" fn invalidated(_arg: pg_sys::Datum, relid: pg_sys::Oid)
     }
 }
 
+/// A function or a role changed (any of them: the hash does not say which): forget every
+/// verdict.
+unsafe extern "C-unwind" fn function_or_role_changed(
+    _arg: pg_sys::Datum,
+    _cacheid: std::ffi::c_int,
+    _hashvalue: u32,
+) {
+    // SAFETY: InvalidOid resets every verdict; only process-local atomics are touched.
+    unsafe { invalidated(pg_sys::Datum::from(0), pg_sys::InvalidOid) };
+}
+
+/// The functions the tables' triggers run, and the one they call, as `functions` describes
+/// them once installed: their sources are those of `sql/finalize.sql`.
+fn installed_functions() -> &'static str {
+    static DESCRIPTION: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    DESCRIPTION.get_or_init(|| {
+        let finalize = include_str!("../../sql/finalize.sql");
+        let mut out = String::new();
+        for name in ["keep_what_was_issued", "merge_replicated_row", "merge_restored_row"] {
+            let _ = writeln!(
+                out,
+                "function tsoracle.{name}() language plpgsql volatility v security definer f \
+                 strict f config {{\"search_path=pg_catalog, pg_temp\"}} owner superuser"
+            );
+            out.push_str(&function_source(finalize, name));
+            out.push('\n');
+        }
+        out.push_str(
+            "function tsoracle.note_restore() language c volatility v security definer f \
+             strict t config  owner superuser\nnote_restore_wrapper\n",
+        );
+        out
+    })
+}
+
+/// The source of trigger function `tsoracle.<name>()` in `sql`: what its `AS $$ … $$` holds
+/// ("" if it is not there, which no installed function matches).
+fn function_source(sql: &str, name: &str) -> String {
+    let Some(at) = sql.find(&format!("CREATE FUNCTION tsoracle.{name}() RETURNS trigger")) else {
+        return String::new();
+    };
+    let rest = &sql[at..];
+    let Some(start) = rest.find("AS $$").map(|i| i + "AS $$".len()) else {
+        return String::new();
+    };
+    rest[start..].find("$$;").map_or(String::new(), |end| rest[start..start + end].to_string())
+}
+
+/// Whether `tsoracle.allow_drop` may be on in a session nobody set it in: on in this one or
+/// in the server's configuration (this session's reset value), or a default of some
+/// database or role, whatever its value (`pg_db_role_setting`).
+///
+/// # Safety
+/// Inside a transaction.
+unsafe fn allow_drop_by_default() -> bool {
+    // SAFETY: a setting this library defines, read by name.
+    let reset = unsafe {
+        let value = pg_sys::GetConfigOptionResetString(c"tsoracle.allow_drop".as_ptr());
+        !value.is_null() && CStr::from_ptr(value).to_bytes() != b"off"
+    };
+    if super::guc::allow_drop() || reset {
+        return true;
+    }
+    // SAFETY: a catalog lookup by fixed names, and a scan of the shared catalog
+    // pg_db_role_setting under AccessShareLock inside the caller's transaction; each row's
+    // setconfig (text[]) is printed with array_out, which detoasts it, and nothing is kept.
+    unsafe {
+        let catalog = pg_sys::get_relname_relid(
+            c"pg_db_role_setting".as_ptr(),
+            pg_sys::PG_CATALOG_NAMESPACE.into(),
+        );
+        if catalog == pg_sys::InvalidOid {
+            return true;
+        }
+        let column = pg_sys::get_attnum(catalog, c"setconfig".as_ptr());
+        let settings = pg_sys::table_open(catalog, pg_sys::AccessShareLock as i32);
+        let scan = pg_sys::systable_beginscan(
+            settings,
+            pg_sys::InvalidOid,
+            false,
+            std::ptr::null_mut(),
+            0,
+            std::ptr::null_mut(),
+        );
+        let mut found = false;
+        loop {
+            let tuple = pg_sys::systable_getnext(scan);
+            if tuple.is_null() {
+                break;
+            }
+            let mut isnull = false;
+            let config =
+                pg_sys::heap_getattr(tuple, column.into(), (*settings).rd_att, &mut isnull);
+            if isnull {
+                continue;
+            }
+            let printed =
+                text(pg_sys::OidOutputFunctionCall(pg_sys::Oid::from(pg_sys::F_ARRAY_OUT), config));
+            if printed.to_ascii_lowercase().contains("tsoracle.allow_drop=") {
+                found = true;
+                break;
+            }
+        }
+        pg_sys::systable_endscan(scan);
+        pg_sys::table_close(settings, pg_sys::AccessShareLock as i32);
+        found
+    }
+}
+
 /// Whether `rel` is exactly as the extension installs `table`.
 ///
 /// # Safety
@@ -106,13 +232,28 @@ pub unsafe fn as_installed(rel: pg_sys::Relation, table: &Installed) -> bool {
         // this module's process-local atomics, so it may run at any invalidation. Marked
         // registered only once it is (PostgreSQL's list of callbacks is bounded, and a full
         // one raises an error here): until then nothing is remembered.
-        unsafe { pg_sys::CacheRegisterRelcacheCallback(Some(invalidated), pg_sys::Datum::from(0)) };
+        unsafe {
+            pg_sys::CacheRegisterRelcacheCallback(Some(invalidated), pg_sys::Datum::from(0));
+            for cache in [pg_sys::SysCacheIdentifier::PROCOID, pg_sys::SysCacheIdentifier::AUTHOID]
+            {
+                pg_sys::CacheRegisterSyscacheCallback(
+                    cache as std::ffi::c_int,
+                    Some(function_or_role_changed),
+                    pg_sys::Datum::from(0),
+                );
+            }
+        }
         REGISTERED.store(true, Ordering::Relaxed);
     }
     // Invalidations that arrived without a lock acquisition of ours (the caller may have
     // held the lock already, which skips reading them) are read now.
     // SAFETY: inside a transaction; reads the shared invalidation queue.
     unsafe { pg_sys::AcceptInvalidationMessages() };
+    // SAFETY: inside the caller's transaction.
+    if unsafe { allow_drop_by_default() } {
+        pgrx::debug1!("tsoracle: tsoracle.allow_drop has a default, nothing is written in place");
+        return false;
+    }
     // SAFETY: rd_id is valid for an open relation.
     let relid = unsafe { (*rel).rd_id }.to_u32();
     if table.verified.load(Ordering::Relaxed) == relid {
@@ -121,13 +262,15 @@ pub unsafe fn as_installed(rel: pg_sys::Relation, table: &Installed) -> bool {
     let before = INVALIDATIONS.load(Ordering::Relaxed);
     // SAFETY: the caller's contract.
     let described = unsafe { describe(rel) };
-    let installed = described == table.description;
+    let installed = described.0 == table.description && described.1 == installed_functions();
     if installed && INVALIDATIONS.load(Ordering::Relaxed) == before {
         table.verified.store(relid, Ordering::Relaxed);
     }
     if !installed {
         pgrx::debug1!(
-            "tsoracle: the table is not as installed, nothing is written in place:\n{described}"
+            "tsoracle: the table is not as installed, nothing is written in place:\n{}{}",
+            described.0,
+            described.1
         );
     }
     installed
@@ -165,11 +308,12 @@ unsafe fn oids(list: *mut pg_sys::List) -> Vec<pg_sys::Oid> {
 }
 
 /// The table as its relcache entry and catalogs describe it, one line per fact, in a fixed
-/// order (columns by number, the rest by name).
+/// order (columns by number, the rest by name); and the functions its triggers run, with
+/// the one they call (`functions`).
 ///
 /// # Safety
 /// `rel` is an open relation, locked by this transaction.
-unsafe fn describe(rel: pg_sys::Relation) -> String {
+unsafe fn describe(rel: pg_sys::Relation) -> (String, String) {
     // Deparsed with only pg_catalog on the search_path, so that the names PostgreSQL
     // qualifies (a function, a type) come out the same in every session, whatever its own
     // search_path; put back when done (an error on the way is undone by the transaction's
@@ -199,8 +343,9 @@ unsafe fn describe(rel: pg_sys::Relation) -> String {
 
 /// # Safety
 /// As [`describe`].
-unsafe fn describe_here(rel: pg_sys::Relation) -> String {
+unsafe fn describe_here(rel: pg_sys::Relation) -> (String, String) {
     let mut out = String::new();
+    let mut trigger_functions = Vec::new();
     // SAFETY: rd_rel, rd_att, rd_rules and trigdesc belong to the open relation, and each
     // pointer is checked before it is read. A catalog lookup below may read invalidations
     // (a VACUUM or ANALYZE of the table sends one, under a lock that does not conflict with
@@ -224,7 +369,7 @@ unsafe fn describe_here(rel: pg_sys::Relation) -> String {
         let primary_key = (*rel).rd_pkindex;
         let _ = writeln!(
             out,
-            "relation kind {}, {}, persistence {}, rules {}, row security {}/{}, partition {}, typed {}",
+            "relation kind {}, {}, persistence {}, rules {}, row security {}/{}, partition {}, typed {}, children {}",
             form.relkind as u8 as char,
             if form.relam == pg_sys::HEAP_TABLE_AM_OID { "heap" } else { "other access method" },
             form.relpersistence as u8 as char,
@@ -235,6 +380,9 @@ unsafe fn describe_here(rel: pg_sys::Relation) -> String {
             form.relforcerowsecurity,
             form.relispartition,
             form.reloftype != pg_sys::InvalidOid,
+            // Set when a child is made (which sends an invalidation of the parent); cleared
+            // by an ANALYZE that finds none.
+            form.relhassubclass,
         );
         let constr = (*desc).constr;
         let context = pg_sys::deparse_context_for(relname.data.as_ptr(), relid);
@@ -310,6 +458,7 @@ unsafe fn describe_here(rel: pg_sys::Relation) -> String {
                 usize::try_from((*triggers).numtriggers).unwrap_or(0),
             );
             for t in all {
+                trigger_functions.push(t.tgfoid);
                 // pg_get_triggerdef: name, timing, events, columns, WHEN, transition tables,
                 // constraint trigger, function and arguments; not whether it fires.
                 let def = pg_sys::OidFunctionCall1Coll(
@@ -332,7 +481,36 @@ unsafe fn describe_here(rel: pg_sys::Relation) -> String {
         }
         let _ = writeln!(out, "policies {}", policies(relid));
     }
-    out
+    (out, functions(&trigger_functions))
+}
+
+/// The functions `oids` and `tsoracle.note_restore()`, each as a line of facts (language,
+/// volatility, `SECURITY DEFINER`, `STRICT`, `SET` clauses, whether a superuser owns it)
+/// followed by its source, ordered by signature; "" if they cannot be read. Run as the
+/// caller, who may be no superuser: only catalogs every role reads (`pg_roles`, not
+/// `pg_authid`), and no name lookup that checks the caller's privileges on the schema.
+fn functions(oids: &[pg_sys::Oid]) -> String {
+    let list: Vec<String> = oids.iter().map(|o| o.to_u32().to_string()).collect();
+    let query = format!(
+        "SELECT pg_catalog.string_agg(pg_catalog.format('function %s language %s volatility %s \
+                security definer %s strict %s config %s owner %s', \
+                p.oid::pg_catalog.regprocedure, l.lanname, p.provolatile, p.prosecdef, \
+                p.proisstrict, p.proconfig, \
+                CASE WHEN r.rolsuper THEN 'superuser' ELSE 'not a superuser' END) \
+                OPERATOR(pg_catalog.||) E'\\n' OPERATOR(pg_catalog.||) p.prosrc, E'\\n' \
+                ORDER BY p.oid::pg_catalog.regprocedure::pg_catalog.text) \
+           FROM pg_catalog.pg_proc p \
+           JOIN pg_catalog.pg_language l ON l.oid OPERATOR(pg_catalog.=) p.prolang \
+           LEFT JOIN pg_catalog.pg_roles r ON r.oid OPERATOR(pg_catalog.=) p.proowner \
+          WHERE p.oid OPERATOR(pg_catalog.=) ANY ('{{{}}}'::pg_catalog.oid[]) \
+             OR (p.proname OPERATOR(pg_catalog.=) 'note_restore' \
+                 AND p.pronargs OPERATOR(pg_catalog.=) 0 \
+                 AND p.pronamespace OPERATOR(pg_catalog.=) (SELECT n.oid FROM pg_catalog.pg_namespace n \
+                     WHERE n.nspname OPERATOR(pg_catalog.=) 'tsoracle'))",
+        list.join(",")
+    );
+    // The result ends with the last source; a line break closes it as the others are.
+    pgrx::Spi::get_one::<String>(&query).ok().flatten().map_or(String::new(), |all| all + "\n")
 }
 
 /// How many row security policies table `relid` has (`pg_policy`), enabled or not.
@@ -386,7 +564,7 @@ mod tests {
     use super::{describe, Installed, HIGH_WATER, SEQ};
     use pgrx::prelude::*;
 
-    fn description(table: &str) -> String {
+    fn description(table: &str) -> (String, String) {
         let relid =
             Spi::get_one::<pg_sys::Oid>(&format!("SELECT 'tsoracle.{table}'::regclass::oid"))
                 .unwrap()
@@ -402,7 +580,9 @@ mod tests {
     }
 
     fn assert_installed(table: &str, installed: &Installed) {
-        assert_eq!(description(table), installed.description, "tsoracle.{table} as installed");
+        let (described, functions) = description(table);
+        assert_eq!(described, installed.description, "tsoracle.{table} as installed");
+        assert_eq!(functions, super::installed_functions(), "its functions as installed");
     }
 
     /// Both tables, as CREATE EXTENSION makes them, match their descriptions to the letter,
@@ -437,9 +617,9 @@ mod tests {
             ),
         ] {
             Spi::run(change).unwrap();
-            assert_ne!(description("seq"), SEQ.description, "after {change}");
+            assert_ne!(description("seq").0, SEQ.description, "after {change}");
             Spi::run(undo).unwrap();
-            assert_eq!(description("seq"), SEQ.description, "after {undo}");
+            assert_eq!(description("seq").0, SEQ.description, "after {undo}");
         }
     }
 }

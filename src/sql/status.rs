@@ -225,7 +225,7 @@ fn replayed_high_water() -> Option<i64> {
             return Ok(None);
         }
         client
-            .select("SELECT physical_ms FROM tsoracle.high_water WHERE id", None, &[])?
+            .select("SELECT physical_ms FROM ONLY tsoracle.high_water WHERE id", None, &[])?
             .first()
             .get_one::<i64>()
     })

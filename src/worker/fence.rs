@@ -228,7 +228,7 @@ fn keep_base(timeline: u64, seed: u64) -> Result<u64, FenceError> {
     let base =
         read("SELECT COALESCE((SELECT base FROM tsoracle.epoch_base), 0)", "read the epoch base")?;
     let prior = read(
-        "SELECT COALESCE((SELECT epoch FROM tsoracle.high_water), 0)",
+        "SELECT COALESCE((SELECT epoch FROM ONLY tsoracle.high_water), 0)",
         "read the high-water's epoch",
     )?;
     let kept = fence::base_after(fence::epoch(prior, base, timeline, seed), timeline);
@@ -289,7 +289,7 @@ fn load_leases(now_ms: u64) -> Result<LeaseTable, FenceError> {
     // A purge that cannot run now (a row locked) waits for the worker's next one.
     let _ = subtransaction(|| {
         Spi::run_with_args(
-            "DELETE FROM tsoracle.lease WHERE expires_at_ms OPERATOR(pg_catalog.<=) $1",
+            "DELETE FROM ONLY tsoracle.lease WHERE expires_at_ms OPERATOR(pg_catalog.<=) $1",
             &[(horizon as i64).into()],
         )
     });
@@ -300,7 +300,7 @@ fn load_leases(now_ms: u64) -> Result<LeaseTable, FenceError> {
                     "SELECT lease_id, pg_catalog.convert_to(holder, 'UTF8'), holder_epoch, ts_upper_bound_ms, \
                             expires_at_ms, ttl_ms, superseded, owner::pg_catalog.oid::pg_catalog.int8, \
                             ts_lower_bound_ms, holds \
-                     FROM tsoracle.lease ORDER BY lease_id",
+                     FROM ONLY tsoracle.lease ORDER BY lease_id",
                     None,
                     &[],
                 )?

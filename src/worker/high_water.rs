@@ -11,8 +11,9 @@
 //! in-place path does): no rewrite, `CREATE INDEX` or `CREATE TRIGGER` can commit in between.
 //! Otherwise — the lock not free, the row locked (`SELECT … FOR UPDATE`), any of
 //! `pg::inplace::preconditions` refused (the table not exactly as the extension installed it,
-//! logical decoding that could see it), `tsoracle.seq_in_place` off in the server's
-//! configuration, or a slot created during the write — the MVCC `UPDATE` is used, with the
+//! logical decoding that could see it: `wal_level = logical`), `tsoracle.seq_in_place` off in
+//! the server's configuration, or a function replaced during the write
+//! (`pg::inplace::still_allowed`) — the MVCC `UPDATE` is used, with the
 //! worker's short `lock_timeout`, and a failure leaves the window where it is until the next
 //! tick.
 //!
@@ -22,7 +23,7 @@
 use super::state::Worker;
 use crate::pg::guc;
 use crate::pg::inplace::{
-    decoding_slot, make_durable, preconditions, row_free, with_table_locked, write_logged, Refusal,
+    make_durable, preconditions, row_free, still_allowed, with_table_locked, write_logged, Refusal,
 };
 use crate::pg::installed::HIGH_WATER;
 use crate::pg::xact::{subtransaction, Caught};
@@ -215,11 +216,6 @@ fn in_place(plan: Plan<'_>) -> InPlace {
     match written {
         None => InPlace::NotHere,
         Some(Written::Done(raised, lsn, published)) => {
-            // A slot created between the check and the write may not decode the write:
-            // written again as a row version (its GREATEST keeps the raise).
-            if decoding_slot() {
-                return InPlace::NotHere;
-            }
             if lsn != 0 && make_durable(lsn).is_err() {
                 return InPlace::Refused(RaiseError::Unavailable(
                     "the wait for the synchronous standbys was cut short".into(),
@@ -270,6 +266,14 @@ unsafe fn write_rel(rel: pg_sys::Relation, relid: pg_sys::Oid, plan: Plan<'_>) -
         match outcome {
             Block::Written(raised, offset, lsn) => {
                 LAST_ROW.set(Some((relid, relfilenode, block, offset)));
+                // What can change without a lock that conflicts with ours (a trigger's
+                // function replaced, a default of tsoracle.allow_drop set, a slot made), looked
+                // at again: if it changed, the raise is written again as a row version (its
+                // GREATEST keeps it).
+                // SAFETY: rel is referenced and locked (the function's contract).
+                if !unsafe { still_allowed(rel, &HIGH_WATER) } {
+                    return Written::NotHere;
+                }
                 return Written::Done(raised, lsn, published);
             }
             Block::Refused(why) => return Written::Refused(why),
@@ -376,7 +380,7 @@ unsafe fn write_block(
 fn mvcc(plan: Plan<'_>) -> Result<Raised, RaiseError> {
     let read = subtransaction(|| {
         let row = Spi::get_two::<i64, i64>(
-            "SELECT physical_ms, epoch FROM tsoracle.high_water WHERE id FOR UPDATE",
+            "SELECT physical_ms, epoch FROM ONLY tsoracle.high_water WHERE id FOR UPDATE",
         );
         let Ok((Some(ms), Some(epoch))) = row else {
             return Err(RaiseError::NotOurs);
@@ -384,7 +388,7 @@ fn mvcc(plan: Plan<'_>) -> Result<Raised, RaiseError> {
         let (prior_ms, prior_epoch) = (ms.max(0) as u64, epoch.max(0) as u64);
         let (to_ms, to_epoch) = plan(prior_ms, prior_epoch).map_err(RaiseError::Refused)?;
         let written = Spi::get_two_with_args::<i64, i64>(
-            "UPDATE tsoracle.high_water SET physical_ms = GREATEST(physical_ms, $1), \
+            "UPDATE ONLY tsoracle.high_water SET physical_ms = GREATEST(physical_ms, $1), \
                  epoch = GREATEST(epoch, $2), updated_at = pg_catalog.now() \
              WHERE id RETURNING physical_ms, epoch",
             &[(to_ms as i64).into(), (to_epoch as i64).into()],

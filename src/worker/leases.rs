@@ -35,7 +35,7 @@ impl Worker {
             // next tick: an expired lease holds nothing meanwhile.
             let deleted = transaction(|| {
                 Spi::run_with_args(
-                    "DELETE FROM tsoracle.lease WHERE lease_id OPERATOR(pg_catalog.=) ANY ($1)",
+                    "DELETE FROM ONLY tsoracle.lease WHERE lease_id OPERATOR(pg_catalog.=) ANY ($1)",
                     &[purged.clone().into()],
                 )
             });
@@ -295,11 +295,11 @@ impl LeaseWrite {
                 ],
             ),
             LeaseWrite::Supersede(id) => Spi::run_with_args(
-                "UPDATE tsoracle.lease SET superseded = true WHERE lease_id OPERATOR(pg_catalog.=) $1",
+                "UPDATE ONLY tsoracle.lease SET superseded = true WHERE lease_id OPERATOR(pg_catalog.=) $1",
                 &[id.into()],
             ),
             LeaseWrite::Renew(l) => Spi::run_with_args(
-                "UPDATE tsoracle.lease SET ts_upper_bound_ms = $2, expires_at_ms = $3, renewed_at = pg_catalog.now(), \
+                "UPDATE ONLY tsoracle.lease SET ts_upper_bound_ms = $2, expires_at_ms = $3, renewed_at = pg_catalog.now(), \
                         ts_lower_bound_ms = $4, holds = $5 \
                  WHERE lease_id OPERATOR(pg_catalog.=) $1",
                 &[
@@ -311,7 +311,7 @@ impl LeaseWrite {
                 ],
             ),
             LeaseWrite::Delete(id) => Spi::run_with_args(
-                "DELETE FROM tsoracle.lease WHERE lease_id OPERATOR(pg_catalog.=) $1",
+                "DELETE FROM ONLY tsoracle.lease WHERE lease_id OPERATOR(pg_catalog.=) $1",
                 &[id.into()],
             ),
         };

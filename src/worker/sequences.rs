@@ -42,7 +42,7 @@ impl SeqStatements {
         Spi::connect(|client| {
             let lock_rows = client
                 .prepare_mut(
-                    "SELECT key FROM tsoracle.seq WHERE key OPERATOR(pg_catalog.=) ANY ($1) \
+                    "SELECT key FROM ONLY tsoracle.seq WHERE key OPERATOR(pg_catalog.=) ANY ($1) \
                      ORDER BY key FOR UPDATE SKIP LOCKED",
                     &[text_array],
                 )?
@@ -51,13 +51,13 @@ impl SeqStatements {
                 .prepare(
                     "SELECT key, next, owner::pg_catalog.oid::pg_catalog.int8, \
                             xmax::pg_catalog.text::pg_catalog.int8, made \
-                     FROM tsoracle.seq WHERE key OPERATOR(pg_catalog.=) ANY ($1)",
+                     FROM ONLY tsoracle.seq WHERE key OPERATOR(pg_catalog.=) ANY ($1)",
                     &[text_array],
                 )?
                 .keep();
             let store_counters = client
                 .prepare_mut(
-                    "UPDATE tsoracle.seq AS s SET next = GREATEST(s.next, u.n), updated_at = pg_catalog.now() \
+                    "UPDATE ONLY tsoracle.seq AS s SET next = GREATEST(s.next, u.n), updated_at = pg_catalog.now() \
                      FROM ROWS FROM (pg_catalog.unnest($1::pg_catalog.text[]), pg_catalog.unnest($2::pg_catalog.int8[])) AS u(k, n) \
                      WHERE s.key OPERATOR(pg_catalog.=) u.k",
                     &[text_array, int8_array],
@@ -284,7 +284,7 @@ fn sequence_part(
                 Some(row) if !checks.may_manage(r.role, row.owner) => denied(row.owner),
                 Some(_) => {
                     Spi::run_with_args(
-                        "DELETE FROM tsoracle.seq WHERE key OPERATOR(pg_catalog.=) $1",
+                        "DELETE FROM ONLY tsoracle.seq WHERE key OPERATOR(pg_catalog.=) $1",
                         &[key.into()],
                     )
                     .unwrap_or_else(|e| {
@@ -335,7 +335,7 @@ fn lock_and_read(
 }
 
 fn count_keys() -> u64 {
-    Spi::get_one::<i64>("SELECT pg_catalog.count(*) FROM tsoracle.seq")
+    Spi::get_one::<i64>("SELECT pg_catalog.count(*) FROM ONLY tsoracle.seq")
         .unwrap_or_else(|e| pgrx::error!("tsoracle could not count the sequence keys: {e}"))
         .unwrap_or(0)
         .max(0) as u64

@@ -9,13 +9,16 @@
 //!   after the original was made;
 //! - the extension's tables cannot be made unlogged, and a worker that finds one unlogged
 //!   (made so while the library was not loaded) serves nothing from it;
-//! - 16 and later: a `test_decoding` slot on a hot standby (with a physical slot and
-//!   `hot_standby_feedback`) decodes every advance made once the primary has its feedback;
+//! - 16 and later: `test_decoding` slots on hot standbys decode every advance where the
+//!   primary cannot know of them: a standby whose feedback is switched off, a cascaded
+//!   standby, after a crash before a checkpoint, after a failover to a new slot;
 //! - a brief `LOCK TABLE` delays calls instead of failing them, up to the caller's
 //!   `lock_timeout`;
-//! - a slot made between a call's check and its write, a handover requested then, and a
-//!   slot and publication made while the caller holds the table locked: never a block that
-//!   the slot misses or a dump taken after the handover does not hold.
+//! - the trigger's function replaced between a call's check and its write, or while the
+//!   caller holds the table locked, and a handover requested then: never a block written in
+//!   place that an MVCC writer could lower or a dump taken after the handover does not hold;
+//! - readers that follow `xmin` (an incremental sync by `xmin`, `pg_xact_commit_timestamp`):
+//!   an advance in place leaves both as they were; the next row version carries it.
 //!
 //! Run with: `cargo test -p tsoracle-tests --test in_place_readers -- --test-threads=2`
 
@@ -225,52 +228,126 @@ fn the_tables_stay_logged() {
 
 // ------------------------------------------------------------------------------------ 4
 
-/// 16 and later: a `test_decoding` slot on a hot standby that streams through a physical
-/// slot with `hot_standby_feedback`: once the primary has the standby's `catalog_xmin`, the
-/// slot decodes every one of 20 advances made on the primary.
+/// What `what` failed to decode of `ends`, if anything.
+fn missing(ends: &[i64], decoded: &[i64], what: &str) -> Option<String> {
+    let missed = ends.iter().filter(|end| !decoded.contains(end)).count();
+    (missed > 0).then(|| format!("{what}: {missed} of {} not decoded", ends.len()))
+}
+
+/// Wait until `primary`'s physical slot `slot` shows a `catalog_xmin` (`held`) or none.
+fn wait_catalog_xmin(primary: &mut Client, slot: &str, held: bool) {
+    wait_for(&format!("{slot}'s catalog_xmin held: {held}"), Duration::from_secs(30), || {
+        primary
+            .query_one(
+                "SELECT catalog_xmin IS NOT NULL FROM pg_replication_slots WHERE slot_name = $1",
+                &[&slot],
+            )
+            .unwrap()
+            .get::<_, bool>(0)
+            == held
+    });
+}
+
+/// A `test_decoding` slot made on hot standby `standby`, while `primary` logs the
+/// running-transactions records its creation waits for.
+fn standby_slot(primary: &mut Client, standby: &Node, slot: &'static str) {
+    let mut s = standby.connect();
+    let creating = std::thread::spawn(move || {
+        s.batch_execute(&format!(
+            "SELECT pg_create_logical_replication_slot('{slot}', 'test_decoding')"
+        ))
+        .map_err(|e| pg_error_string(&e))
+    });
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !creating.is_finished() && Instant::now() < deadline {
+        exec(primary, "SELECT pg_log_standby_snapshot()");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    creating.join().unwrap().unwrap_or_else(|e| panic!("slot {slot} on {}: {e}", standby.name()));
+}
+
+/// 16 and later, where a hot standby decodes too: `test_decoding` slots on standbys decode
+/// every one of 20 advances made on their primary, in each case where the primary cannot know
+/// of them (docs/operations/in-place.md): a standby `s` (physical slot on the primary) whose
+/// `hot_standby_feedback` is switched off, a standby `c` cascaded behind it with no slot and
+/// no feedback, `s` again after the primary crashed before a checkpoint saved the slot's
+/// `catalog_xmin`, and `c` after `s` is promoted, through a new slot on it that has had no
+/// feedback yet.
 #[test]
-fn a_slot_on_a_standby_decodes_every_advance() {
-    let primary = serving_node("readers-sb-p", NodeOpts::new().setting("wal_level", "logical"));
+fn standbys_that_decode_see_every_advance() {
+    let mut primary = serving_node("readers-sb-p", NodeOpts::new().setting("wal_level", "logical"));
     let mut p = primary.connect();
     let version: i32 =
         p.query_one("SHOW server_version_num", &[]).unwrap().get::<_, String>(0).parse().unwrap();
     if version < 160_000 {
-        // Logical decoding on a standby came with PostgreSQL 16.
+        eprintln!("skipped: logical decoding on a standby came with PostgreSQL 16");
         return;
     }
     assert_eq!(seq_ok(&mut p, "s", 1), 0, "a new key starts at 0");
-    exec(&mut p, "SELECT pg_create_physical_replication_slot('standby_slot')");
-    let mut standby = Node::base_backup_from(&primary, "readers-sb-s").expect("pg_basebackup");
-    standby.set_conf("primary_slot_name", "standby_slot").unwrap();
-    standby.set_conf("hot_standby_feedback", "on").unwrap();
-    standby.set_conf("wal_receiver_status_interval", "1s").unwrap();
-    standby.start().expect("start the standby");
-    wait_replayed(&primary, &standby).expect("replayed");
-    // A slot on a standby waits for a running-transactions record from the primary.
-    let mut s = standby.connect();
-    let creating = std::thread::spawn(move || {
-        s.batch_execute("SELECT pg_create_logical_replication_slot('cdc', 'test_decoding')")
-            .map_err(|e| pg_error_string(&e))
-    });
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !creating.is_finished() && Instant::now() < deadline {
-        exec(&mut p, "SELECT pg_log_standby_snapshot()");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    creating.join().unwrap().expect("the slot on the standby");
-    wait_for("the standby's catalog_xmin on the primary", Duration::from_secs(30), || {
-        p.query_one(
-            "SELECT catalog_xmin IS NOT NULL FROM pg_replication_slots \
-              WHERE slot_name = 'standby_slot'",
-            &[],
-        )
-        .unwrap()
-        .get(0)
-    });
+    exec(&mut p, "SELECT pg_create_physical_replication_slot('s_slot')");
+    let mut s = Node::base_backup_from(&primary, "readers-sb-s").expect("pg_basebackup");
+    s.set_conf("primary_slot_name", "s_slot").unwrap();
+    s.set_conf("hot_standby_feedback", "on").unwrap();
+    s.set_conf("wal_receiver_status_interval", "1s").unwrap();
+    s.start().expect("start the standby");
+    wait_replayed(&primary, &s).expect("replayed");
+    let mut c = Node::base_backup_from(&s, "readers-sb-c").expect("pg_basebackup of the standby");
+    // No slot and no feedback of its own (it has the standby's settings).
+    c.unset_conf("primary_slot_name").unwrap();
+    c.set_conf("hot_standby_feedback", "off").unwrap();
+    c.start().expect("start the cascaded standby");
+    wait_replayed(&primary, &c).expect("replayed on the cascaded standby");
+    standby_slot(&mut p, &s, "cdc");
+    standby_slot(&mut p, &c, "cdc");
+    wait_catalog_xmin(&mut p, "s_slot", true);
+
+    // The standby's DBA switches its feedback off (to spare the primary bloat).
+    s.set_conf("hot_standby_feedback", "off").unwrap();
+    wait_catalog_xmin(&mut p, "s_slot", false);
     let ends = twenty_blocks(&mut p, "s");
-    wait_replayed(&primary, &standby).expect("replayed");
-    let mut s = standby.connect();
-    assert_all_decoded(&ends, &decoded_nexts(&mut s, "cdc", "s"), "the standby's slot");
+    wait_replayed(&primary, &c).expect("replayed");
+    let mut sc = s.connect();
+    // Each case is checked, and all are reported together at the end.
+    let mut missed = Vec::new();
+    missed.push(missing(&ends, &decoded_nexts(&mut sc, "cdc", "s"), "feedback off: the standby"));
+    let mut cc = c.connect();
+    missed.push(missing(&ends, &decoded_nexts(&mut cc, "cdc", "s"), "the cascaded standby"));
+
+    // Feedback on again; the primary crashes before a checkpoint saved the slot's
+    // catalog_xmin, and serves before the standby is back.
+    s.set_conf("hot_standby_feedback", "on").unwrap();
+    wait_catalog_xmin(&mut p, "s_slot", true);
+    drop((sc, cc, p));
+    s.stop(StopMode::Fast).unwrap();
+    primary.restart(StopMode::Immediate).expect("crash and restart");
+    primary.wait_serving().expect("serving after the crash");
+    let mut p = primary.connect();
+    let ends = twenty_blocks(&mut p, "s");
+    s.start().expect("the standby back");
+    wait_replayed(&primary, &s).expect("replayed");
+    let mut sc = s.connect();
+    missed.push(missing(&ends, &decoded_nexts(&mut sc, "cdc", "s"), "after the crash"));
+
+    // Failover: the standby is promoted (its own slot dropped first); the cascaded one gets a
+    // new slot on it, and the new primary serves before that slot has had any feedback.
+    wait_replayed(&primary, &c).expect("replayed on the cascaded standby");
+    exec(&mut sc, "SELECT pg_drop_replication_slot('cdc')");
+    drop((sc, p));
+    primary.stop(StopMode::Fast).unwrap();
+    s.promote().expect("promote");
+    s.wait_serving().expect("the new primary serves");
+    let mut sc = s.connect();
+    exec(&mut sc, "SELECT pg_create_physical_replication_slot('c_slot')");
+    c.stop(StopMode::Fast).unwrap();
+    c.set_conf("primary_slot_name", "c_slot").unwrap();
+    c.set_conf("hot_standby_feedback", "on").unwrap();
+    let ends = twenty_blocks(&mut sc, "s");
+    c.start().expect("the cascaded standby back");
+    wait_replayed(&s, &c).expect("replayed from the new primary");
+    let mut cc = c.connect();
+    missed.push(missing(&ends, &decoded_nexts(&mut cc, "cdc", "s"), "after the failover"));
+    let missed: Vec<String> = missed.into_iter().flatten().collect();
+    assert!(missed.is_empty(), "advances not decoded:\n{}", missed.join("\n"));
 }
 
 // ------------------------------------------------------------------------------------ 5
@@ -309,23 +386,38 @@ fn a_brief_table_lock_delays_calls_instead_of_failing_them() {
 
 // ------------------------------------------------------------------------------------ 6
 
-/// A `pgoutput` slot made while a call is paused between its check and its write: the block
-/// the call returns is one the slot decodes (read through a `test_decoding` copy of it); what
-/// was written in place before the slot was seen is a gap.
+/// A trigger function that lets a lowered counter through (an MVCC writer's statement).
+const LAX_FUNCTION: &str = "CREATE OR REPLACE FUNCTION tsoracle.keep_what_was_issued() \
+    RETURNS trigger LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp \
+    AS $$ BEGIN RETURN CASE WHEN TG_OP = 'DELETE' THEN OLD ELSE NEW END; END $$";
+
+/// `CREATE OR REPLACE FUNCTION` of the trigger's function as it is now (to put it back).
+fn function_as_now(c: &mut Client) -> String {
+    c.query_one("SELECT pg_get_functiondef('tsoracle.keep_what_was_issued()'::regprocedure)", &[])
+        .unwrap()
+        .get(0)
+}
+
+/// The trigger's function replaced while a call is paused between its check and its write
+/// (no lock of the table conflicts with that): the block written in place is a gap, and the
+/// call returns the worker's block after it, never the one written in place.
 #[test]
-fn a_slot_made_between_the_check_and_the_write_decodes_the_block() {
-    let node = serving_node("readers-late", NodeOpts::new().setting("wal_level", "logical"));
+fn a_function_replaced_between_the_check_and_the_write_makes_the_block_a_gap() {
+    let node = serving_node("readers-late", NodeOpts::new());
     let mut su = node.connect();
     assert_eq!(seq_ok(&mut su, "l", 1), 0, "a new key starts at 0");
+    let original = function_as_now(&mut su);
+    let commits = group_commits(&mut su);
     let (pid, caller) = paused_call(&node, "l");
     wait_holding_the_table(&mut su, pid);
-    exec(&mut su, "SELECT pg_create_logical_replication_slot('late', 'pgoutput')");
+    exec(&mut su, LAX_FUNCTION);
     let start = caller.join().unwrap().unwrap_or_else(|e| panic!("the paused call: {e:?}"));
-    exec(
-        &mut su,
-        "SELECT pg_copy_logical_replication_slot('late', 'late_td', false, 'test_decoding')",
-    );
-    assert_all_decoded(&[start + 5], &decoded_nexts(&mut su, "late_td", "l"), "the late slot");
+    exec(&mut su, &original);
+    // The caller may hold the table before its check: then it sees the replacement there
+    // and writes nothing in place (the worker's block starts at 1); past the check, what it
+    // wrote in place is a gap (6). Either way the worker served it.
+    assert!(group_commits(&mut su) > commits, "a block written in place returned ({start})");
+    assert!(start == 1 || start == 6, "the worker's block starts at {start}");
 }
 
 /// `tso_handover()` while a call is paused between its check and its write, then a read of
@@ -351,25 +443,81 @@ fn a_handover_during_an_in_place_call_returns_nothing_a_dump_misses() {
 }
 
 /// A caller that holds `tsoracle.seq` `ROW EXCLUSIVE` in its transaction (its lock then reads
-/// no invalidations): a publication and a `pgoutput` slot made meanwhile still send its next
-/// call to the worker, as a row version the slot decodes.
+/// no invalidations): the trigger's function replaced meanwhile sends its next call to the
+/// worker.
 #[test]
-fn a_slot_made_while_the_caller_holds_the_table_decodes_its_next_block() {
-    let node = serving_node("readers-held", NodeOpts::new().setting("wal_level", "logical"));
+fn a_function_replaced_while_the_caller_holds_the_table_sends_it_to_the_worker() {
+    let node = serving_node("readers-held", NodeOpts::new());
     let mut su = node.connect();
     assert_eq!(seq_ok(&mut su, "t", 1), 0, "a new key starts at 0");
+    let original = function_as_now(&mut su);
     let mut holder = node.connect();
     exec(&mut holder, "BEGIN; LOCK TABLE tsoracle.seq IN ROW EXCLUSIVE MODE");
     let commits = group_commits(&mut su);
     assert_eq!(seq_ok(&mut holder, "t", 1), 1);
     assert_eq!(group_commits(&mut su), commits, "served in place to begin with");
-    exec(&mut su, "CREATE PUBLICATION held_pub FOR ALL TABLES");
-    exec(&mut su, "SELECT pg_create_logical_replication_slot('held', 'pgoutput')");
-    let start = seq_ok(&mut holder, "t", 5);
+    exec(&mut su, LAX_FUNCTION);
+    assert_eq!(seq_ok(&mut holder, "t", 5), 2);
     exec(&mut holder, "COMMIT");
-    exec(
-        &mut su,
-        "SELECT pg_copy_logical_replication_slot('held', 'held_td', false, 'test_decoding')",
+    assert!(group_commits(&mut su) > commits, "the function replaced: served by the worker");
+    exec(&mut su, &original);
+}
+
+// ------------------------------------------------------------------------------------ 7
+
+/// The row of key `m` as a reader that follows `xmin` sees it: its `xmin`, its commit
+/// timestamp (`track_commit_timestamp`) and `next`.
+fn xmin_view(c: &mut Client) -> (i64, String, i64) {
+    let row = c
+        .query_one(
+            "SELECT xmin::text::bigint, pg_xact_commit_timestamp(xmin)::text, next \
+               FROM tsoracle.seq WHERE key = 'm'",
+            &[],
+        )
+        .unwrap();
+    (row.get(0), row.get(1), row.get(2))
+}
+
+/// Readers that follow `xmin` (docs/operations/in-place.md, "Readers that follow xmin"): an
+/// incremental sync that copies the rows whose `xmin` is past its cursor, and
+/// `pg_xact_commit_timestamp(xmin)`. An advance made in place leaves the row's `xmin` and
+/// commit timestamp as they were, so such a reader copies nothing until the row gets a new
+/// version; an advance through the worker is one, and the reader then copies the counter as
+/// it is, past every advance made in place before.
+#[test]
+fn readers_that_follow_xmin_see_only_row_versions() {
+    let node =
+        serving_node("readers-xmin", NodeOpts::new().setting("track_commit_timestamp", "on"));
+    let mut su = node.connect();
+    assert_eq!(seq_ok(&mut su, "m", 1), 0, "a new key starts at 0");
+    let (xmin, committed, next) = xmin_view(&mut su);
+    let commits = group_commits(&mut su);
+    let ends = twenty_blocks(&mut su, "m");
+    assert_eq!(group_commits(&mut su), commits, "served in place");
+    let (xmin_after, committed_after, next_after) = xmin_view(&mut su);
+    assert_eq!(next_after, *ends.last().unwrap(), "the counter advanced");
+    assert_eq!(
+        (xmin_after, &committed_after),
+        (xmin, &committed),
+        "an advance in place left xmin and its commit timestamp as they were (next {next} -> {next_after})"
     );
-    assert_all_decoded(&[start + 5], &decoded_nexts(&mut su, "held_td", "t"), "the new slot");
+    let copied: i64 = su
+        .query_one("SELECT count(*) FROM tsoracle.seq WHERE xmin::text::bigint > $1", &[&xmin])
+        .unwrap()
+        .get(0);
+    assert_eq!(copied, 0, "an incremental sync by xmin copies nothing new");
+    // Through the worker: a row version, which the reader copies with every advance before it.
+    exec(&mut su, "SET tsoracle.seq_in_place = off");
+    let start = seq_ok(&mut su, "m", 1);
+    let (xmin_worker, committed_worker, next_worker) = xmin_view(&mut su);
+    assert_eq!((start, next_worker), (next_after, next_after + 1));
+    assert!(xmin_worker > xmin, "a row version has a new xmin");
+    assert_ne!(committed_worker, committed, "and a new commit timestamp");
+    let copied: Vec<i64> = su
+        .query("SELECT next FROM tsoracle.seq WHERE xmin::text::bigint > $1", &[&xmin])
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(copied, vec![next_worker], "the sync copies the counter as it is");
 }

@@ -477,7 +477,7 @@ fn over_older_extension_sql_every_call_goes_to_the_worker() {
 /// trigger disabled, window extensions go on through MVCC.
 #[test]
 fn the_in_place_path_checks_its_preconditions_on_every_call() {
-    let node = serving_node("inplace-pre", NodeOpts::new().setting("wal_level", "logical"));
+    let node = serving_node("inplace-pre", NodeOpts::new());
     let mut su = node.connect();
     assert_eq!(seq_ok(&mut su, "pre", 1), 0, "a new key starts at 0");
     assert_eq!(seq_in_place(&mut su, "pre", 1, "to begin with"), 1);
@@ -569,4 +569,91 @@ fn the_in_place_path_checks_its_preconditions_on_every_call() {
     );
     su.batch_execute("ALTER TABLE tsoracle.high_water ENABLE ALWAYS TRIGGER keep_what_was_issued")
         .unwrap();
+}
+
+/// What decides whether an MVCC writer may lower a counter is part of "as installed"
+/// (`pg::installed`), and the worker reads only the extension's own table: an inheritance
+/// child of `tsoracle.seq` (whose row with a lower `next` the worker never grants again), the
+/// trigger's function replaced (`CREATE OR REPLACE FUNCTION` sends no invalidation of the
+/// table: a session that verified it before sees it too) or given another owner, and
+/// `tsoracle.allow_drop` set as a database or role default each send every call to the
+/// worker; each undone, calls advance in place again.
+#[test]
+fn the_trigger_its_function_and_its_settings_are_part_of_as_installed() {
+    let node = serving_node("inplace-trigger", NodeOpts::new());
+    let mut su = node.connect();
+    assert_eq!(seq_ok(&mut su, "kid", 10), 0, "a new key starts at 0");
+    assert_eq!(seq_in_place(&mut su, "kid", 1, "to begin with"), 10);
+    let mut expected = 11;
+    let mut failures = Vec::new();
+    let mut check = |su: &mut Client, expected: &mut i64, what: &str, in_place: bool| {
+        let commits = group_commits(su);
+        match seq(su, "kid", 1) {
+            Ok(start) if start != *expected => {
+                failures.push(format!("{what}: granted {start}, expected {expected}"))
+            }
+            Ok(_) => {}
+            Err(e) => failures.push(format!("{what}: {}", pg_error_string(&e))),
+        }
+        *expected += 1;
+        let served_in_place = group_commits(su) == commits;
+        if served_in_place != in_place {
+            failures.push(format!("{what}: served in place {served_in_place}"));
+        }
+    };
+
+    // An inheritance child whose row has a lower next: the worker reads the parent only.
+    let exec = |c: &mut Client, sql: &str| {
+        c.batch_execute(sql).unwrap_or_else(|e| panic!("{sql}: {}", pg_error_string(&e)))
+    };
+    exec(
+        &mut su,
+        "CREATE TABLE public.seq_child () INHERITS (tsoracle.seq); \
+         INSERT INTO public.seq_child (key, next) VALUES ('kid', 0)",
+    );
+    check(&mut su, &mut expected, "an inheritance child", false);
+    exec(&mut su, "SET tsoracle.seq_in_place = off");
+    check(&mut su, &mut expected, "an inheritance child, through the worker", false);
+    exec(&mut su, "RESET tsoracle.seq_in_place; DROP TABLE public.seq_child; ANALYZE tsoracle.seq");
+    check(&mut su, &mut expected, "the child dropped and the table analyzed", true);
+
+    // The trigger's function replaced by one that lets a lowered counter through, then put
+    // back as it was.
+    let original: String = su
+        .query_one(
+            "SELECT pg_get_functiondef('tsoracle.keep_what_was_issued()'::regprocedure)",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    exec(
+        &mut su,
+        "CREATE OR REPLACE FUNCTION tsoracle.keep_what_was_issued() RETURNS trigger \
+         LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp \
+         AS $$ BEGIN RETURN CASE WHEN TG_OP = 'DELETE' THEN OLD ELSE NEW END; END $$",
+    );
+    check(&mut su, &mut expected, "the trigger's function replaced", false);
+    exec(&mut su, &original);
+    check(&mut su, &mut expected, "the trigger's function put back", true);
+    exec(
+        &mut su,
+        "CREATE ROLE seq_fn_owner; \
+         ALTER FUNCTION tsoracle.keep_what_was_issued() OWNER TO seq_fn_owner",
+    );
+    check(&mut su, &mut expected, "the trigger's function given another owner", false);
+    exec(&mut su, "ALTER FUNCTION tsoracle.keep_what_was_issued() OWNER TO CURRENT_USER");
+    check(&mut su, &mut expected, "its owner back", true);
+
+    // tsoracle.allow_drop as a default of the database, then of a role.
+    let database: String = su.query_one("SELECT current_database()", &[]).unwrap().get(0);
+    exec(&mut su, &format!("ALTER DATABASE \"{database}\" SET tsoracle.allow_drop = on"));
+    check(&mut su, &mut expected, "allow_drop a database default", false);
+    exec(&mut su, &format!("ALTER DATABASE \"{database}\" RESET tsoracle.allow_drop"));
+    check(&mut su, &mut expected, "the database default reset", true);
+    exec(&mut su, "ALTER ROLE seq_fn_owner SET tsoracle.allow_drop = on");
+    check(&mut su, &mut expected, "allow_drop a role default", false);
+    exec(&mut su, "ALTER ROLE seq_fn_owner RESET tsoracle.allow_drop");
+    check(&mut su, &mut expected, "the role default reset", true);
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    assert_eq!(counter(&mut su, "kid"), Some(expected), "the counter after every call");
 }

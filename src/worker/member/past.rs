@@ -27,12 +27,12 @@ pub(super) fn load() -> Option<OwnPast> {
                 let mut high_water = 0;
                 // No row: the cluster never served on its own.
                 for row in
-                    client.select("SELECT physical_ms FROM tsoracle.high_water", None, &[])?
+                    client.select("SELECT physical_ms FROM ONLY tsoracle.high_water", None, &[])?
                 {
                     high_water = row.get::<i64>(1)?.unwrap_or(0).max(high_water);
                 }
                 let mut counters = Vec::new();
-                for row in client.select("SELECT key, next FROM tsoracle.seq", None, &[])? {
+                for row in client.select("SELECT key, next FROM ONLY tsoracle.seq", None, &[])? {
                     if let (Some(key), Some(next)) = (row.get::<String>(1)?, row.get::<i64>(2)?) {
                         counters.push((key, u64::try_from(next).unwrap_or(0)));
                     }
