@@ -1,4 +1,4 @@
-//! The durable high-water: raised in place (docs/worker.md, "The high-water in place"), with
+//! The durable high-water: raised in place (docs/high-water.md), with
 //! no heavyweight lock a DBA's statement could make it wait for, and letting the allocator
 //! serve up to what is durable.
 //!
