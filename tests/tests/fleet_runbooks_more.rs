@@ -213,11 +213,14 @@ fn fleet_resolved(oracle: &Node) -> i64 {
     one_i64(&mut oracle.connect(), "SELECT tso_fleet_resolved()")
 }
 
-/// Whether `tso_fleet_status()` lists the member `id`.
+/// Whether `tso_fleet_status()` lists the member `id` as registered.
 fn listed(oracle: &Node, id: i64) -> bool {
     let n = oracle
         .connect()
-        .query_one("SELECT count(*) FROM tso_fleet_status() WHERE system_id = $1", &[&id])
+        .query_one(
+            "SELECT count(*) FROM tso_fleet_status() WHERE system_id = $1 AND resolved IS NOT NULL",
+            &[&id],
+        )
         .expect("tso_fleet_status()")
         .get::<_, i64>(0);
     n > 0
@@ -235,6 +238,15 @@ fn a_member_gone_for_good_is_removed_and_readmitted_by_the_runbook_under_load() 
     let mut gone = Node::base_backup_from(&original, "rm-clone").expect("pg_basebackup");
     gone.start().expect("start the clone");
     gone.promote().expect("promote the clone");
+    // A new member, as the oracle's superuser admits one: by the identity it says hello with.
+    let sid = system_identifier(&mut original.connect());
+    let identity = "SELECT member_id FROM tsoracle.member_identity";
+    let new_id: i64 =
+        poll_until("the clone's identity of its own", Duration::from_secs(60), || {
+            let id: i64 = gone.connect().query_one(identity, &[]).ok()?.get(0);
+            (id != sid).then_some(id)
+        });
+    oracle.connect().query_one("SELECT tso_fleet_admit($1, $2)", &[&new_id, &MEMBER_ROLE]).unwrap();
 
     let fleet = History::default();
     let dense = DenseHistory::default();
