@@ -117,7 +117,11 @@ fn status_rows() -> Result<Vec<StatusRow>, TsoError> {
         signals.and_then(|s| crate::shmem::holders::primary_resolved(s).ok()).unwrap_or(u64::MAX);
     let holding = tsoracle_core::fleet::holding(own, &entries);
     let newest = signals.and_then(|s| s.window.last_issued());
-    let admission = |id: u64| admitted.iter().find(|a| a.0 as u64 == id);
+    // By identity: up to tsoracle.max_members rows each (10,000), looked up once per row.
+    let by_id: std::collections::HashMap<u64, &(i64, u32, Option<TimestampWithTimeZone>)> =
+        admitted.iter().map(|a| (a.0 as u64, a)).collect();
+    let admission = |id: u64| by_id.get(&id).copied();
+    let slotted: std::collections::HashSet<u64> = fleet.used().map(|m| m.system_id).collect();
     let mut rows: Vec<StatusRow> = members
         .iter()
         .enumerate()
@@ -148,7 +152,7 @@ fn status_rows() -> Result<Vec<StatusRow>, TsoError> {
         .collect();
     // Admitted, never registered (or re-admitted since): listed, holding nothing.
     for (id, role, admitted_at) in &admitted {
-        if fleet.find(*id as u64).is_none() {
+        if !slotted.contains(&(*id as u64)) {
             rows.push((
                 *id,
                 role_name(*role),
