@@ -139,13 +139,17 @@ fn an_oracle_admits_max_members_and_refuses_the_next_with_its_reason() {
     // it is refused 42501, before anything registers.
     su.batch_execute("CREATE ROLE other_member LOGIN; GRANT tsoracle_member TO other_member")
         .unwrap();
-    expect_sqlstate(
-        oracle
-            .connect_as("other_member")
-            .query("SELECT tso_fleet_admit($1, 'other_member')", &[&FIRST_ID]),
-        &SqlState::INSUFFICIENT_PRIVILEGE,
-        "tso_fleet_admit by a member's role",
-    );
+    let mut other = oracle.connect_as("other_member");
+    for sql in [
+        "SELECT tso_fleet_admit(55000, 'other_member')",
+        "SELECT tso_fleet_admit(55000)",
+        "SELECT tso_fleet_remove(55000)",
+        "SELECT tso_seed(1)",
+        "SELECT tso_handover()",
+        "INSERT INTO tsoracle.fleet_admission (system_id, role) VALUES (1, 10)",
+    ] {
+        expect_sqlstate(other.query(sql, &[]), &SqlState::INSUFFICIENT_PRIVILEGE, sql);
+    }
     let admitted: i64 = su
         .query_one(
             "SELECT count(*) FILTER (WHERE tso_fleet_admit(id, $2)) \
@@ -156,9 +160,7 @@ fn an_oracle_admits_max_members_and_refuses_the_next_with_its_reason() {
         .get(0);
     assert_eq!(admitted, MAX_MEMBERS + 1, "admitted, each once");
     let e = expect_sqlstate(
-        oracle
-            .connect_as("other_member")
-            .query("SELECT * FROM tsoracle.member_hello($1, $2, 0)", &[&FIRST_ID, &version]),
+        other.query("SELECT * FROM tsoracle.member_hello($1, $2, 0)", &[&FIRST_ID, &version]),
         &SqlState::INSUFFICIENT_PRIVILEGE,
         "a hello for a member admitted for another role",
     );
@@ -175,8 +177,12 @@ fn an_oracle_admits_max_members_and_refuses_the_next_with_its_reason() {
         .unwrap()
         .get(0);
     assert_eq!(seen, MAX_MEMBERS + 1, "PUBLIC sees the admissions");
+    let rows: i64 =
+        watcher.query_one("SELECT count(*) FROM tsoracle.fleet_admission", &[]).unwrap().get(0);
+    assert_eq!(rows, MAX_MEMBERS + 1, "PUBLIC reads tsoracle.fleet_admission");
     for sql in [
         "SELECT tso_fleet_admit(1, 'watcher')",
+        "SELECT tso_fleet_remove(1)",
         "SELECT * FROM tsoracle.member_hello(1, '0.6.0', 0)",
     ] {
         expect_sqlstate(watcher.query(sql, &[]), &SqlState::INSUFFICIENT_PRIVILEGE, sql);
