@@ -334,3 +334,4 @@ REVOKE EXECUTE ON FUNCTION tso_fleet_remove(bigint) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION tso_fleet_admit(bigint) FROM PUBLIC;
 -- Admitting a cluster to the fleet, bound to its role: superusers only.
 REVOKE EXECUTE ON FUNCTION tso_fleet_admit(bigint, text) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION tso_fleet_admit(bigint, regrole) FROM PUBLIC;

@@ -182,6 +182,14 @@ STRICT VOLATILE PARALLEL UNSAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'tso_fleet_admit_as_wrapper';
 REVOKE EXECUTE ON FUNCTION tso_fleet_admit(bigint, text) FROM PUBLIC;
+CREATE  FUNCTION "tso_fleet_admit"(
+	"system_id" bigint, /* i64 */
+	"member_role" regrole /* pg_sys::Oid */
+) RETURNS bool /* bool */
+STRICT VOLATILE PARALLEL UNSAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'tso_fleet_admit_role_wrapper';
+REVOKE EXECUTE ON FUNCTION tso_fleet_admit(bigint, regrole) FROM PUBLIC;
 
 -- tso_fleet_status(): the role each member is admitted for, whether a session of it is
 -- connected now (session_pid only while that process lives), when it was admitted, and the

@@ -368,23 +368,27 @@ fn withdraw(system_id: u64) -> Result<bool, TsoError> {
     .map_err(|e| TsoError::Internal(format!("could not write tsoracle.fleet_admission: {e}")))
 }
 
-/// Admit cluster `system_id` to the fleet, bound to role `member_role` (superusers only,
+/// The role named `name` (PostgreSQL's own `42704` if there is none).
+pub fn role_oid(name: &str) -> Result<pg_sys::Oid, TsoError> {
+    let name = std::ffi::CString::new(name)
+        .map_err(|_| TsoError::InvalidArgument("a role name has no NUL byte".into()))?;
+    // SAFETY: a syscache lookup of a NUL-terminated name; a missing role raises PostgreSQL's
+    // own error (42704), through pgrx's guard.
+    Ok(unsafe { pg_sys::get_role_oid(name.as_ptr(), false) })
+}
+
+/// Admit cluster `system_id` to the fleet, bound to role `role` (superusers only,
 /// checked by the caller): kept in `tsoracle.fleet_admission` in the caller's transaction,
 /// a binding to another role replaced (its member's next hello must come from the new
 /// role; a session speaking for it goes on until it ends). A member removed before is
 /// re-admitted too ([`admit`]). `true` when anything changed.
-pub fn admit_as(system_id: u64, member_role: &str) -> Result<bool, TsoError> {
+pub fn admit_as(system_id: u64, role: pg_sys::Oid) -> Result<bool, TsoError> {
     let own = crate::pg::system_identifier();
     if system_id == own {
         return Err(TsoError::InvalidArgument(format!(
             "{system_id} is this oracle's own system identifier: a member is another cluster"
         )));
     }
-    let role_cstr = std::ffi::CString::new(member_role)
-        .map_err(|_| TsoError::InvalidArgument("a role name has no NUL byte".into()))?;
-    // SAFETY: a syscache lookup of a NUL-terminated name; a missing role raises PostgreSQL's
-    // own error (42704), through pgrx's guard.
-    let role = unsafe { pg_sys::get_role_oid(role_cstr.as_ptr(), false) };
     let changed = pgrx::Spi::get_one_with_args::<bool>(
         "WITH a AS (INSERT INTO tsoracle.fleet_admission AS a (system_id, role) \
                     VALUES ($1, $2::pg_catalog.int8::pg_catalog.oid) \

@@ -46,6 +46,31 @@ fn tso_fleet_admit(system_id: i64) -> bool {
 fn tso_fleet_admit_as(system_id: i64, member_role: &str) -> bool {
     check_superuser("admit a member to the fleet")
         .and_then(|()| refuse_on_a_member())
+        .and_then(|()| fleet::role_oid(member_role))
+        .and_then(|role| fleet::admit_as(system_id as u64, role))
+        .or_report()
+}
+
+/// `tso_fleet_admit(system_id, member_role regrole)`: the same, the role given as a `regrole`
+/// (`'member_a'::regrole`; a quoted literal alone calls the `text` one).
+#[pg_extern(
+    volatile,
+    parallel_unsafe,
+    strict,
+    name = "tso_fleet_admit",
+    sql = r#"
+CREATE  FUNCTION "tso_fleet_admit"(
+	"system_id" bigint, /* i64 */
+	"member_role" regrole /* pg_sys::Oid */
+) RETURNS bool /* bool */
+STRICT VOLATILE PARALLEL UNSAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'tso_fleet_admit_role_wrapper';
+"#
+)]
+fn tso_fleet_admit_role(system_id: i64, member_role: pg_sys::Oid) -> bool {
+    check_superuser("admit a member to the fleet")
+        .and_then(|()| refuse_on_a_member())
         .and_then(|()| fleet::admit_as(system_id as u64, member_role))
         .or_report()
 }

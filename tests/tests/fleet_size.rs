@@ -387,9 +387,11 @@ fn a_hello_that_failed_leaves_its_session_speaking_for_no_member() {
     admit_members(&oracle);
     let version = extension_version(&oracle);
     let (first, second) = (FIRST_ID + 1_000, FIRST_ID + 1_001);
-    for id in [first, second] {
-        oracle.connect().query_one("SELECT tso_fleet_admit($1, $2)", &[&id, &MEMBER_ROLE]).unwrap();
-    }
+    // The role as a name, or as a regrole.
+    let mut su = oracle.connect();
+    su.query_one("SELECT tso_fleet_admit($1, $2)", &[&first, &MEMBER_ROLE]).unwrap();
+    let by_oid = format!("SELECT tso_fleet_admit({second}, '{MEMBER_ROLE}'::regrole)");
+    assert!(su.query_one(&by_oid, &[]).unwrap().get::<_, bool>(0), "{by_oid}");
     let mut s = hello(&oracle, first, &version).expect("the first member's hello");
     next(&mut s, 1);
     let report = "SELECT tsoracle.member_report(1, 0)";
