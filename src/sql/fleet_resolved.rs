@@ -236,6 +236,24 @@ fn standby_rows() -> Result<Vec<StatusRow>, TsoError> {
     .map_err(|e| TsoError::Internal(format!("could not read tsoracle.fleet_member: {e}")))
 }
 
+/// The schema of this database is the library's: before `ALTER EXTENSION tsoracle UPDATE` the
+/// function is declared with the columns of 0.5.0, which these rows do not fit.
+fn check_schema() -> Result<(), TsoError> {
+    let installed = Spi::get_one::<String>(
+        "SELECT (SELECT extversion::pg_catalog.text FROM pg_catalog.pg_extension \
+                 WHERE extname OPERATOR(pg_catalog.=) 'tsoracle')",
+    )
+    .map_err(|e| TsoError::Internal(format!("could not read pg_extension: {e}")))?
+    .unwrap_or_default();
+    if installed == crate::pg::EXTENSION_VERSION {
+        return Ok(());
+    }
+    Err(TsoError::NotServing(format!(
+        "the extension tsoracle in this database is at version {installed}, not {}, the version of the library; run ALTER EXTENSION tsoracle UPDATE",
+        crate::pg::EXTENSION_VERSION
+    )))
+}
+
 /// One row per member of the fleet: the role it is admitted for, its resolved timestamp as
 /// last reported, how far it lags the oracle's newest value, the process on the member
 /// holding it back, whether it is the one holding `R_f`, whether a session of it is
@@ -265,8 +283,14 @@ fn tso_fleet_status() -> TableIterator<
     if crate::pg::guc::is_member() {
         return TableIterator::new(Vec::new());
     }
-    // SAFETY: RecoveryInProgress may be called by any backend at any time.
-    let rows = if unsafe { pg_sys::RecoveryInProgress() } { standby_rows() } else { status_rows() };
+    let rows = check_schema().and_then(|()| {
+        // SAFETY: RecoveryInProgress may be called by any backend at any time.
+        if unsafe { pg_sys::RecoveryInProgress() } {
+            standby_rows()
+        } else {
+            status_rows()
+        }
+    });
     TableIterator::new(rows.or_report())
 }
 
