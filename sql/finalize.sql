@@ -375,3 +375,6 @@ GRANT EXECUTE ON FUNCTION tsoracle.member_safe_frontier() TO tsoracle_member;
 REVOKE EXECUTE ON FUNCTION tso_fleet_remove(bigint) FROM PUBLIC;
 -- Re-admitting a removed member: superusers only.
 REVOKE EXECUTE ON FUNCTION tso_fleet_admit(bigint) FROM PUBLIC;
+-- Admitting a cluster to the fleet, bound to its role: superusers only.
+REVOKE EXECUTE ON FUNCTION tso_fleet_admit(bigint, text) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION tso_fleet_admit(bigint, regrole) FROM PUBLIC;

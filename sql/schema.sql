@@ -82,6 +82,16 @@ CREATE TABLE tsoracle.fleet_member (
 COMMENT ON TABLE tsoracle.fleet_member IS 'The members of the fleet this oracle serves: each holds the fleet-wide resolved timestamp at or below the highest resolved timestamp it reported, until it reports a higher one or a superuser removes it (tso_fleet_remove). A removed member (removed_at) holds nothing and is refused until a superuser re-admits it (tso_fleet_admit).';
 COMMENT ON COLUMN tsoracle.fleet_member.run IS 'The run of the member''s cluster that speaks for it (its postmaster''s start, in microseconds; 0: not known), so that after the oracle''s restart or failover a run that does not prove this one ended is still held.';
 COMMENT ON COLUMN tsoracle.fleet_member.held_at IS 'Where the entry is held since a run took it over without proving the one before had ended (NULL: not held): no report raises it above, until a superuser runs tso_fleet_admit(system_id).';
+-- On an oracle: the clusters admitted to its fleet (docs/fleet.md, "Admission"), each bound to
+-- the one role it logs in as. A hello from a cluster not admitted, or under another role, is
+-- refused before it registers anything. Written by tso_fleet_admit() (superusers only), in
+-- the caller's transaction; kept with the cluster (its standbys, pg_upgrade).
+CREATE TABLE tsoracle.fleet_admission (
+    system_id   bigint PRIMARY KEY,
+    role        oid NOT NULL,
+    admitted_at timestamptz NOT NULL DEFAULT now()
+);
+COMMENT ON TABLE tsoracle.fleet_admission IS 'The clusters this oracle serves as members (system_id: the identity a member says hello with), each bound to the role it logs in as; written by tso_fleet_admit(system_id, role), superusers only. A hello from any other cluster, or under another role, is refused (42501).';
 CREATE TABLE tsoracle.fleet_resolved (
     id         boolean PRIMARY KEY DEFAULT true CHECK (id),
     ts         bigint NOT NULL CHECK (ts >= 0),
@@ -166,4 +176,4 @@ GRANT SELECT ON tsoracle.high_water TO PUBLIC;
 -- And the published resolved timestamp (tso_resolved() on a standby).
 GRANT SELECT ON tsoracle.resolved TO PUBLIC;
 -- And the fleet's (tso_fleet_resolved() and tso_fleet_status() on a standby).
-GRANT SELECT ON tsoracle.fleet_member, tsoracle.fleet_resolved TO PUBLIC;
+GRANT SELECT ON tsoracle.fleet_member, tsoracle.fleet_resolved, tsoracle.fleet_admission TO PUBLIC;

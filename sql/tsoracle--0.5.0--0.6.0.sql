@@ -208,3 +208,56 @@ REVOKE EXECUTE ON FUNCTION tsoracle.merge_restored_mark() FROM PUBLIC;
 CREATE TRIGGER merge_restored_mark BEFORE INSERT OR UPDATE ON tsoracle.member_oracle
     FOR EACH ROW EXECUTE FUNCTION tsoracle.merge_restored_mark();
 ALTER TABLE tsoracle.member_oracle ENABLE ALWAYS TRIGGER merge_restored_mark;
+-- On an oracle: the clusters admitted to its fleet (docs/fleet.md, "Admission"), each bound to
+-- the one role it logs in as; a hello from any other cluster, or under another role, is
+-- refused before it registers anything. Every member registered before the update counts as
+-- admitted, bound to the role it registered as (removed ones too: tso_fleet_admit(system_id)
+-- still re-admits them), so that a running fleet keeps being served.
+CREATE TABLE tsoracle.fleet_admission (
+    system_id   bigint PRIMARY KEY,
+    role        oid NOT NULL,
+    admitted_at timestamptz NOT NULL DEFAULT now()
+);
+COMMENT ON TABLE tsoracle.fleet_admission IS 'The clusters this oracle serves as members (system_id: the identity a member says hello with), each bound to the role it logs in as; written by tso_fleet_admit(system_id, role), superusers only. A hello from any other cluster, or under another role, is refused (42501).';
+GRANT SELECT ON tsoracle.fleet_admission TO PUBLIC;
+INSERT INTO tsoracle.fleet_admission (system_id, role, admitted_at)
+    SELECT system_id, role, registered_at FROM tsoracle.fleet_member;
+
+CREATE  FUNCTION "tso_fleet_admit"(
+	"system_id" bigint, /* i64 */
+	"member_role" TEXT /* &str */
+) RETURNS bool /* bool */
+STRICT VOLATILE PARALLEL UNSAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'tso_fleet_admit_as_wrapper';
+REVOKE EXECUTE ON FUNCTION tso_fleet_admit(bigint, text) FROM PUBLIC;
+CREATE  FUNCTION "tso_fleet_admit"(
+	"system_id" bigint, /* i64 */
+	"member_role" regrole /* pg_sys::Oid */
+) RETURNS bool /* bool */
+STRICT VOLATILE PARALLEL UNSAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'tso_fleet_admit_role_wrapper';
+REVOKE EXECUTE ON FUNCTION tso_fleet_admit(bigint, regrole) FROM PUBLIC;
+
+-- tso_fleet_status(): the role each member is admitted for, whether a session of it is
+-- connected now (session_pid only while that process lives), when it was admitted, and the
+-- clusters admitted that never registered (resolved NULL).
+DROP FUNCTION tso_fleet_status();
+CREATE  FUNCTION "tso_fleet_status"() RETURNS TABLE (
+	"system_id" bigint,  /* i64 */
+	"role" TEXT,  /* String */
+	"resolved" bigint,  /* Option < i64 > */
+	"lag_ms" bigint,  /* Option < i64 > */
+	"held_by_pid" INT,  /* Option < i32 > */
+	"holds_fleet" bool,  /* bool */
+	"durable" bool,  /* bool */
+	"session_pid" INT,  /* Option < i32 > */
+	"connected" bool,  /* bool */
+	"admitted_at" timestamp with time zone,  /* Option < TimestampWithTimeZone > */
+	"registered_at" timestamp with time zone,  /* Option < TimestampWithTimeZone > */
+	"reported_at" timestamp with time zone  /* Option < TimestampWithTimeZone > */
+)
+STRICT VOLATILE PARALLEL SAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'tso_fleet_status_wrapper';

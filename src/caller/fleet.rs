@@ -21,6 +21,60 @@ thread_local! {
     static SLOT: Cell<usize> = const { Cell::new(usize::MAX) };
 }
 
+/// The role member `system_id` is admitted for (`tsoracle.fleet_admission`), if any.
+fn admitted_role(system_id: u64) -> Result<Option<u32>, TsoError> {
+    pgrx::Spi::get_one_with_args::<i64>(
+        "SELECT (SELECT role::pg_catalog.int8 FROM tsoracle.fleet_admission \
+                 WHERE system_id OPERATOR(pg_catalog.=) $1)",
+        &[(system_id as i64).into()],
+    )
+    .map(|r| r.map(|oid| oid as u32))
+    .map_err(|e| TsoError::Internal(format!("could not read tsoracle.fleet_admission: {e}")))
+}
+
+/// A role's name (`role N` for one dropped since).
+pub fn role_name(oid: u32) -> String {
+    // SAFETY: a syscache lookup; with noerr = true a dropped role gives NULL, copied at once.
+    unsafe {
+        let name = pg_sys::GetUserNameFromId(pg_sys::Oid::from(oid), true);
+        if name.is_null() {
+            format!("role {oid}")
+        } else {
+            std::ffi::CStr::from_ptr(name).to_string_lossy().into_owned()
+        }
+    }
+}
+
+/// Only a cluster a superuser admitted, under the role it is admitted for, says hello: any
+/// other is refused before it touches the fleet (no slot, nothing of `R_f`).
+fn check_admitted(system_id: u64, role: u32) -> Result<(), TsoError> {
+    match admitted_role(system_id)? {
+        Some(r) if r == role => Ok(()),
+        Some(r) => Err(TsoError::MemberOfAnotherRole {
+            system_id: system_id as i64,
+            admitted: role_name(r),
+            role: role_name(role),
+        }),
+        None => {
+            Err(TsoError::MemberNotAdmitted { system_id: system_id as i64, role: role_name(role) })
+        }
+    }
+}
+
+/// Once per backend that says hello: at its exit, the slots it spoke for show no session.
+fn forget_session_at_exit() {
+    thread_local! { static HOOKED: Cell<bool> = const { Cell::new(false) }; }
+    if !HOOKED.replace(true) {
+        // SAFETY: registering a static function that takes no argument, once per process.
+        unsafe { pg_sys::before_shmem_exit(Some(forget_session), pg_sys::Datum::from(0usize)) };
+    }
+}
+
+/// No pgrx guard: nothing in it raises an error or panics (`SharedFleet::forget_session`).
+unsafe extern "C-unwind" fn forget_session(_code: i32, _arg: pg_sys::Datum) {
+    FLEET.forget_session(my_pid());
+}
+
 fn session_role() -> u32 {
     // SAFETY: the session user is set for every backend that runs SQL.
     unsafe { pg_sys::GetSessionUserId() }.to_u32()
@@ -43,12 +97,21 @@ pub fn register(system_id: u64, reported: u64, claim: Option<RunClaim>) -> Resul
     REGISTERED.set(None);
     let signals = shmem::signals()?;
     let role = session_role();
-    let mut fleet = FLEET.exclusive();
-    if !fleet.loaded {
-        return Err(TsoError::NotServing(
+    let not_loaded = || {
+        TsoError::NotServing(
             "the oracle's worker has not read the fleet's members (tsoracle.fleet_member) yet"
                 .into(),
-        ));
+        )
+    };
+    // Read once the worker serves this schema (its tables are there), before the lock.
+    if !FLEET.share().loaded {
+        return Err(not_loaded());
+    }
+    check_admitted(system_id, role)?;
+    forget_session_at_exit();
+    let mut fleet = FLEET.exclusive();
+    if !fleet.loaded {
+        return Err(not_loaded());
     }
     match fleet.find(system_id) {
         Some(i) => {
@@ -56,12 +119,6 @@ pub fn register(system_id: u64, reported: u64, claim: Option<RunClaim>) -> Resul
             if !m.holds() {
                 return Err(TsoError::NotServing(format!(
                     "member {system_id} was removed from the fleet (tso_fleet_remove()): a superuser re-admits it on the oracle with SELECT tso_fleet_admit({system_id})"
-                )));
-            }
-            if m.role != role {
-                return Err(TsoError::InsufficientPrivilege(format!(
-                    "member {system_id} of the fleet was registered by role {}, not by this session's role {role}: each member speaks for itself only",
-                    m.role
                 )));
             }
             let now = clock::mono_ms();
@@ -89,7 +146,10 @@ pub fn register(system_id: u64, reported: u64, claim: Option<RunClaim>) -> Resul
                 );
             }
             let run = claim.map_or(0, |c| c.run);
-            let moved = m.held_at != held || m.run != run;
+            // Admitted for another role since it registered (a shared role split): the new
+            // one speaks for it from now on, kept before it is served.
+            let moved = m.held_at != held || m.run != run || m.role != role;
+            m.role = role;
             if moved {
                 // Kept before this session is served (`check_served`): the oracle's restart
                 // or failover must not forget which run speaks, nor the hold.
@@ -204,7 +264,7 @@ pub fn report(resolved: u64, held_by_pid: i32) -> Result<(), TsoError> {
 }
 
 /// Is process `pid` a live backend of this server?
-fn alive(pid: i32) -> bool {
+pub fn alive(pid: i32) -> bool {
     // SAFETY: BackendPidGetProc takes ProcArrayLock itself and returns NULL for no process.
     pid != 0 && !unsafe { pg_sys::BackendPidGetProc(pid) }.is_null()
 }
@@ -216,7 +276,12 @@ pub fn remove(system_id: u64) -> Result<bool, TsoError> {
     let signals = shmem::signals()?;
     {
         let mut fleet = FLEET.exclusive();
-        let Some(i) = fleet.find(system_id) else { return Ok(false) };
+        let Some(i) = fleet.find(system_id) else {
+            drop(fleet);
+            // Admitted but never registered: its admission goes (a hello registering it
+            // meanwhile has a slot, found above by the next call).
+            return withdraw(system_id);
+        };
         let m = &mut fleet.members_mut()[i];
         if m.removed {
             return Ok(true);
@@ -289,4 +354,56 @@ pub fn admit(system_id: u64) -> Result<bool, TsoError> {
     signals.wake_worker();
     // Done once the slot is freed: a member that registers again at once has a new one.
     wait_slot(system_id, "re-admit the member in tsoracle.fleet_member", |m| !m.admitting)
+}
+
+/// The admission of a cluster that never registered, deleted in the caller's transaction.
+fn withdraw(system_id: u64) -> Result<bool, TsoError> {
+    pgrx::Spi::get_one_with_args::<bool>(
+        "WITH d AS (DELETE FROM tsoracle.fleet_admission \
+                    WHERE system_id OPERATOR(pg_catalog.=) $1 RETURNING 1) \
+         SELECT EXISTS (SELECT FROM d)",
+        &[(system_id as i64).into()],
+    )
+    .map(|d| d.unwrap_or(false))
+    .map_err(|e| TsoError::Internal(format!("could not write tsoracle.fleet_admission: {e}")))
+}
+
+/// The role named `name` (PostgreSQL's own `42704` if there is none).
+pub fn role_oid(name: &str) -> Result<pg_sys::Oid, TsoError> {
+    let name = std::ffi::CString::new(name)
+        .map_err(|_| TsoError::InvalidArgument("a role name has no NUL byte".into()))?;
+    // SAFETY: a syscache lookup of a NUL-terminated name; a missing role raises PostgreSQL's
+    // own error (42704), through pgrx's guard.
+    Ok(unsafe { pg_sys::get_role_oid(name.as_ptr(), false) })
+}
+
+/// Admit cluster `system_id` to the fleet, bound to role `role` (superusers only,
+/// checked by the caller): kept in `tsoracle.fleet_admission` in the caller's transaction,
+/// a binding to another role replaced (its member's next hello must come from the new
+/// role; a session speaking for it goes on until it ends). A member removed before is
+/// re-admitted too ([`admit`]). `true` when anything changed.
+pub fn admit_as(system_id: u64, role: pg_sys::Oid) -> Result<bool, TsoError> {
+    let own = crate::pg::system_identifier();
+    if system_id == own {
+        return Err(TsoError::InvalidArgument(format!(
+            "{system_id} is this oracle's own system identifier: a member is another cluster"
+        )));
+    }
+    let changed = pgrx::Spi::get_one_with_args::<bool>(
+        "WITH a AS (INSERT INTO tsoracle.fleet_admission AS a (system_id, role) \
+                    VALUES ($1, $2::pg_catalog.int8::pg_catalog.oid) \
+                    ON CONFLICT (system_id) DO UPDATE \
+                    SET role = EXCLUDED.role, admitted_at = pg_catalog.now() \
+                    WHERE a.role OPERATOR(pg_catalog.<>) EXCLUDED.role RETURNING 1) \
+         SELECT EXISTS (SELECT FROM a)",
+        &[(system_id as i64).into(), i64::from(role.to_u32()).into()],
+    )
+    .map_err(|e| TsoError::Internal(format!("could not write tsoracle.fleet_admission: {e}")))?
+    .unwrap_or(false);
+    let removed = {
+        let fleet = FLEET.share();
+        fleet.find(system_id).is_some_and(|i| fleet.members()[i].removed)
+    };
+    let readmitted = removed && admit(system_id)?;
+    Ok(changed || readmitted)
 }

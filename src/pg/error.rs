@@ -114,6 +114,14 @@ pub enum TsoError {
     #[error("member {system_id} is connected to the oracle (process {pid})")]
     MemberConnected { system_id: i64, pid: i32 },
 
+    /// On the oracle: a hello from a cluster no superuser admitted (`tso_fleet_admit`).
+    #[error("cluster {system_id} is not admitted to this oracle's fleet: it registers nothing and is served nothing")]
+    MemberNotAdmitted { system_id: i64, role: String },
+
+    /// On the oracle: a hello under a role the member is not admitted for.
+    #[error("member {system_id} of the fleet is admitted for role {admitted}, not for this session's role {role}: a role speaks only for the members admitted for it")]
+    MemberOfAnotherRole { system_id: i64, admitted: String, role: String },
+
     /// On the oracle: a member's hello while another live session speaks for the same identity.
     #[error("member {system_id} is connected already (process {pid}) and reporting: another cluster with its identity is not served while it is")]
     MemberInUse { system_id: i64, pid: i32 },
@@ -176,6 +184,9 @@ impl TsoError {
             TsoError::TooManyMembers(_) => ERRCODE_CONFIGURATION_LIMIT_EXCEEDED,
             TsoError::VersionSkew(_) => ERRCODE_FEATURE_NOT_SUPPORTED,
             TsoError::MemberNotRegistered(_) => ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+            TsoError::MemberNotAdmitted { .. } | TsoError::MemberOfAnotherRole { .. } => {
+                ERRCODE_INSUFFICIENT_PRIVILEGE
+            }
             TsoError::MemberConnected { .. } | TsoError::MemberInUse { .. } => {
                 ERRCODE_OBJECT_IN_USE
             }
@@ -259,6 +270,14 @@ impl TsoError {
                 "If this cluster is still a member (a member's standby promoted without the setting), set tsoracle.oracle to its fleet's oracle and restart. To serve on its own, leave the fleet by steps 2 to 4 of the runbook (docs/operations/fleet/leave.md, \"Leaving a fleet\"): copy the oracle's high-water and counters into this cluster's tables, then DELETE FROM tsoracle.member_oracle and DELETE FROM tsoracle.member_counter."
                     .into(),
             ),
+            TsoError::MemberNotAdmitted { system_id, role } => Some(format!(
+                "On the member: ask the oracle's DBA to admit this cluster, bound to the role it logs in as; a superuser runs there SELECT tso_fleet_admit({system_id}, '{}') (docs/operations/fleet/set-up.md). The member serves nothing until then; its worker keeps saying hello.",
+                role.replace('\'', "''")
+            )),
+            TsoError::MemberOfAnotherRole { system_id, admitted, role } => Some(format!(
+                "Log the member in as {admitted} (user= in its tsoracle.oracle). If {role} is now its own role, a superuser on the oracle binds it with SELECT tso_fleet_admit({system_id}, '{}') (docs/operations/fleet/set-up.md, \"A role per member\").",
+                role.replace('\'', "''")
+            )),
             TsoError::MemberInUse { .. } => Some(
                 "A copy of that member (pg_basebackup, a restore) promoted beside it takes an identity of its own after twice tsoracle.extension_timeout_ms; the same cluster restarted waits for its old session to end."
                     .into(),

@@ -37,11 +37,13 @@ pub struct MemberSlot {
     /// (`tsoracle_core::fleet::hold_after`): no report raises it above, until a superuser
     /// releases it (`tso_fleet_admit`). Kept in `tsoracle.fleet_member.held_at`, like `run`.
     pub held_at: Option<u64>,
-    /// The role it registered as: only that role reports for it.
+    /// The role it registered as (the one it is admitted for, `tsoracle.fleet_admission`):
+    /// only that role reports for it.
     pub role: u32,
     /// What holds its `R` on the member: the pid of its oldest holder (0: none reported).
     pub held_by_pid: i32,
-    /// The oracle's server process of its connection now (0: none).
+    /// The oracle's server process of its connection now (0: none; cleared when that
+    /// process exits: `SharedFleet::forget_session`).
     pub session_pid: i32,
     pub used: bool,
     /// Its registration is durable: it may be served timestamps.
@@ -253,6 +255,25 @@ impl SharedFleet {
     /// preloaded).
     pub fn exclusive(&self) -> FleetGuard<'_> {
         self.lock(true).or_report()
+    }
+
+    /// At the exit of a backend that spoke for members: each slot whose session it was says
+    /// so no more (`session_pid` 0), so that `tso_fleet_status()` shows the member as not
+    /// connected. Raises nothing; skipped when this backend holds the lock already (an error
+    /// cut a locked section short: the slot then keeps the pid, and readers check that the
+    /// process still lives).
+    pub fn forget_session(&self, pid: i32) {
+        // SAFETY: see `unsafe impl Sync`: written only during shmem startup.
+        let Some(block) = (unsafe { (*self.block.get()).as_ref() }) else { return };
+        // SAFETY: the block's lock, from GetNamedLWLockTranche; asking whether this backend
+        // holds it takes no lock.
+        if unsafe { pg_sys::LWLockHeldByMe(block.lock) } {
+            return;
+        }
+        let Ok(mut guard) = self.lock(true) else { return };
+        for m in guard.members_mut().iter_mut().filter(|m| m.used && m.session_pid == pid) {
+            m.session_pid = 0;
+        }
     }
 
     /// The fleet under its LWLock in shared mode: reads only.

@@ -127,7 +127,8 @@ pub(super) fn write(own: u64) -> Result<Written, pgrx::spi::Error> {
                          pg_catalog.to_timestamp($5 OPERATOR(pg_catalog./) 1000.0), \
                          pg_catalog.to_timestamp(NULLIF($6, 0) OPERATOR(pg_catalog./) 1000.0), $7, $8) \
                  ON CONFLICT (system_id) DO UPDATE \
-                 SET resolved = GREATEST(f.resolved, EXCLUDED.resolved), \
+                 SET role = EXCLUDED.role, \
+                     resolved = GREATEST(f.resolved, EXCLUDED.resolved), \
                      held_by_pid = EXCLUDED.held_by_pid, \
                      reported_at = EXCLUDED.reported_at, \
                      run = EXCLUDED.run, \
@@ -171,9 +172,9 @@ pub(super) fn committed(w: Written, now_ms: u64) {
             slot.removed = true;
             slot.session_pid = 0;
         } else {
-            // Durable as written: unless a session changed its run or its hold meanwhile
+            // Durable as written: unless a session changed its run, its hold or its role meanwhile
             // (`caller::fleet::register`, `admit`), which the next publication writes.
-            if slot.run == m.run && slot.held_at == m.held_at {
+            if slot.run == m.run && slot.held_at == m.held_at && slot.role == m.role {
                 slot.persisted = true;
             }
             slot.persisted_resolved = slot.persisted_resolved.max(m.resolved);

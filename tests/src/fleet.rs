@@ -20,6 +20,51 @@ pub fn admit_members(oracle: &Node) {
     .expect("member role");
 }
 
+/// The system identifier of `node`'s cluster (`pg_controldata`): the identity it says hello
+/// with as a new member.
+pub fn system_identifier(node: &Node) -> crate::Result<i64> {
+    let mut cmd = node.pg_command("pg_controldata");
+    cmd.arg("-D").arg(node.datadir());
+    let out = run_cmd(cmd, Duration::from_secs(30))?;
+    out.lines()
+        .find_map(|l| l.strip_prefix("Database system identifier:"))
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map(|v| v as i64)
+        .ok_or_else(|| crate::error::HarnessError::Other(format!("no system identifier in {out}")))
+}
+
+/// Admit `node`'s cluster on the oracle that `conninfo` (its `tsoracle.oracle`) names, bound
+/// to the role the string logs in as, as the oracle's superuser does in the set-up runbook
+/// (`tso_fleet_admit(system_id, role)`). Best effort, for the harness's members: an oracle not
+/// running, or of a release without admission (0.5.0, whose update admits every member it
+/// registered), is left alone; the member is then refused until a test admits it.
+pub fn admit_cluster(node: &Node, conninfo: &str) {
+    let Ok(id) = system_identifier(node) else { return };
+    let _ = admit_on(conninfo, id);
+}
+
+/// `tso_fleet_admit(id, role)` on the oracle `conninfo` names, as `postgres` there.
+pub fn admit_on(conninfo: &str, id: i64) -> std::result::Result<bool, String> {
+    let mut role = MEMBER_ROLE.to_string();
+    let mut kept = Vec::new();
+    for kv in conninfo.split_whitespace() {
+        let Some((k, v)) = kv.split_once('=') else { continue };
+        match k {
+            "user" => role = v.to_string(),
+            "host" | "port" | "dbname" | "target_session_attrs" | "connect_timeout" => {
+                kept.push(kv.to_string())
+            }
+            _ => {}
+        }
+    }
+    kept.push("user=postgres".into());
+    let mut c =
+        postgres::Client::connect(&kept.join(" "), postgres::NoTls).map_err(|e| e.to_string())?;
+    let row =
+        c.query_one("SELECT tso_fleet_admit($1, $2)", &[&id, &role]).map_err(|e| e.to_string())?;
+    Ok(row.get(0))
+}
+
 /// A member's connection string to the oracle at `ports` (several: the first read-write).
 pub fn oracle_conninfo(ports: &[u16], user: &str) -> String {
     let hosts = vec!["127.0.0.1"; ports.len()].join(",");
@@ -38,6 +83,25 @@ pub fn member_opts(conninfo: &str) -> NodeOpts {
 /// A started member, extension created, serving (connected to its oracle).
 pub fn member(name: &str, conninfo: &str) -> Node {
     serving_node(name, member_opts(conninfo))
+}
+
+/// A started member admitted on `oracle` for `role` by the test (its string reaches the oracle
+/// through something the harness does not read, such as a pooler), extension created, serving.
+pub fn admitted_member(name: &str, conninfo: &str, oracle: &Node, role: &str) -> Node {
+    let node = Node::start_new(name, member_opts(conninfo).unadmitted())
+        .unwrap_or_else(|e| panic!("start member {name}: {e}"));
+    admit(oracle, &node, role);
+    node.create_extension().unwrap_or_else(|e| panic!("member {name} serving: {e}"));
+    node
+}
+
+/// `tso_fleet_admit()` of `node`'s cluster on `oracle`, bound to `role`.
+pub fn admit(oracle: &Node, node: &Node, role: &str) {
+    let id = system_identifier(node).expect("the member's system identifier");
+    oracle
+        .connect()
+        .query_one("SELECT tso_fleet_admit($1, $2)", &[&id, &role])
+        .unwrap_or_else(|e| panic!("admit {id}: {}", crate::pg_error_string(&e)));
 }
 
 /// End every session of the members' role on `oracle` (their workers connect again): how many.

@@ -34,9 +34,9 @@ pub fn fleet_resolved(c: &mut Client) -> Option<i64> {
     }
 }
 
-/// The identities the oracle lists as members.
+/// The identities the oracle lists as registered members.
 pub fn members_listed(c: &mut Client) -> BTreeSet<i64> {
-    c.query("SELECT system_id FROM tso_fleet_status()", &[])
+    c.query("SELECT system_id FROM tso_fleet_status() WHERE resolved IS NOT NULL", &[])
         .unwrap_or_else(|e| panic!("tso_fleet_status(): {}", pg_error_string(&e)))
         .iter()
         .map(|r| r.get(0))

@@ -324,7 +324,7 @@ pub fn settings(block: &Block) -> Result<Vec<(String, String)>, String> {
 
 /// The blocks (step, language) each runbook page holds, which its test runs
 /// (tests/tests/fleet_runbooks.rs, fleet_runbooks_more.rs).
-pub const JOIN_STEPS: &[(u32, &str)] = &[(1, "sh"), (2, "sh")];
+pub const JOIN_STEPS: &[(u32, &str)] = &[(1, "sh"), (2, "sh"), (3, "sh")];
 pub const LEAVE_STEPS: &[(u32, &str)] = &[(1, "sh"), (2, "sh"), (3, "sh")];
 pub const PITR_STEPS: &[(u32, &str)] = &[(1, "sh"), (2, "ini"), (3, "sh")];
 pub const SETUP_STEPS: &[(u32, &str)] = &[(1, "sql"), (2, "sh"), (3, "ini")];
@@ -386,6 +386,17 @@ pub const BOOKS: &[(&str, &str, Steps)] = &[
 /// binaries of `bin`, in a session of its own (no controlling terminal: a prompt such as
 /// `\password`'s reads `stdin`); its standard output, or an error with its standard error.
 pub fn run_sql(block: &Block, bin: &Path, conninfo: &str, stdin: &str) -> crate::Result<String> {
+    run_sql_vars(block, bin, conninfo, stdin, &[])
+}
+
+/// [`run_sql`] with `psql -v NAME=VALUE` for each of `psql_vars` (a page's `:name`).
+pub fn run_sql_vars(
+    block: &Block,
+    bin: &Path,
+    conninfo: &str,
+    stdin: &str,
+    psql_vars: &[(&str, String)],
+) -> crate::Result<String> {
     use std::io::Write;
     use std::os::unix::process::CommandExt;
     use std::process::Stdio;
@@ -399,7 +410,11 @@ pub fn run_sql(block: &Block, bin: &Path, conninfo: &str, stdin: &str) -> crate:
     ));
     std::fs::write(&file, &block.text).map_err(|e| err("write the block", e))?;
     let mut cmd = Command::new(bin.join("psql"));
-    cmd.args(["-X", "-v", "ON_ERROR_STOP=1", "-d", conninfo, "-f"]).arg(&file);
+    cmd.args(["-X", "-v", "ON_ERROR_STOP=1", "-d", conninfo]);
+    for (k, v) in psql_vars {
+        cmd.arg("-v").arg(format!("{k}={v}"));
+    }
+    cmd.arg("-f").arg(&file);
     scrub_env(&mut cmd);
     cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
     // SAFETY: setsid(2) only, between fork and exec.

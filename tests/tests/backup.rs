@@ -711,6 +711,14 @@ fn update_under_load(from: &str) {
         &SqlState::CANNOT_CONNECT_NOW,
         "tso_next() over the old schema",
     );
+    if from == "0.5.0" {
+        // Its tso_fleet_status() has the old columns: refused rather than mis-filled.
+        expect_sqlstate(
+            c.query("SELECT * FROM tso_fleet_status()", &[]),
+            &SqlState::CANNOT_CONNECT_NOW,
+            "tso_fleet_status() over the old schema",
+        );
+    }
     eprintln!("{from} schema: {st:?}");
 
     let seeded = now_ms() + HOUR_MS;

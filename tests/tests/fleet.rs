@@ -336,6 +336,7 @@ fn what_is_wrong_with_a_member_is_refused_with_a_clear_error() {
         &SqlState::OBJECT_NOT_IN_PREREQUISITE_STATE,
         "member_next before the hello",
     );
+    oracle.connect().query_one("SELECT tso_fleet_admit(4242, $1)", &[&MEMBER_ROLE]).unwrap();
     as_member
         .query(
             "SELECT * FROM tsoracle.member_hello(4242, (SELECT extversion FROM pg_extension WHERE extname = 'tsoracle'), 0)",
@@ -518,6 +519,8 @@ fn a_member_refuses_another_oracle_until_told_it_is_new() {
         .get(0);
     assert_eq!(kept, first_id, "the member keeps its oracle's system identifier");
 
+    // Admitted there too: what refuses it is the member's memory of its oracle.
+    tsoracle_tests::fleet::admit(&second, &m, MEMBER_ROLE);
     m.set_conf("tsoracle.oracle", oracle_conninfo(&[second.port()], MEMBER_ROLE)).unwrap();
     m.restart(StopMode::Fast).expect("restart the member");
     expect_refusal(&m, "another cluster");

@@ -13,8 +13,9 @@
 //! - a member that stops reporting holds `R_f`, `tso_fleet_status()` names it, and once a
 //!   superuser removes it `R_f` goes on; a removed member stays out until a superuser
 //!   re-admits it (`tso_fleet_admit()`);
-//! - a clone of a member promoted beside its live original gets an entry of its own, and
-//!   `R_f` waits for both; a member's promoted standby keeps the member's entry;
+//! - a clone of a member promoted beside its live original takes an identity of its own,
+//!   refused `42501` until a superuser admits it, then gets an entry of its own, and `R_f`
+//!   waits for both; a member's promoted standby keeps the member's entry;
 //! - who may do what: a role speaking for another role's member, a report without a hello,
 //!   a removal by a non-superuser or of a connected member, a write to the tables.
 //!
@@ -496,7 +497,8 @@ fn status_of(oracle: &Node, id: i64) -> Option<(i64, Option<i32>, bool)> {
     oracle
         .connect()
         .query_opt(
-            "SELECT resolved, held_by_pid, holds_fleet FROM tso_fleet_status() WHERE system_id = $1",
+            "SELECT resolved, held_by_pid, holds_fleet FROM tso_fleet_status() \
+             WHERE system_id = $1 AND resolved IS NOT NULL",
             &[&id],
         )
         .unwrap()
@@ -813,6 +815,23 @@ fn a_clone_beside_its_live_original_gets_an_entry_of_its_own_and_r_f_waits_for_b
     assert_eq!(system_id(&clone), original, "a clone has its original's system identifier");
     promote(&clone).expect("promote the clone");
     let mut o = oracle.connect();
+    // Its identity of its own is no member a superuser admitted: refused 42501 until one does.
+    let identity = "SELECT member_id FROM tsoracle.member_identity";
+    let own: i64 =
+        poll_until("the clone takes an identity of its own", Duration::from_secs(60), || {
+            let id: i64 = clone.connect().query_one(identity, &[]).ok()?.get(0);
+            (id != original).then_some(id)
+        });
+    let e = poll_until("the clone refused, not admitted", Duration::from_secs(30), || match clone
+        .connect()
+        .query_one("SELECT tso_next()", &[])
+    {
+        Ok(_) => panic!("a clone served before it was admitted"),
+        Err(e) => (e.code() == Some(&SqlState::INSUFFICIENT_PRIVILEGE)).then_some(e),
+    });
+    let hint = e.as_db_error().and_then(|d| d.hint()).unwrap_or_default().to_string();
+    assert!(hint.contains(&format!("tso_fleet_admit({own}, '{MEMBER_ROLE}')")), "HINT {hint}");
+    o.query_one("SELECT tso_fleet_admit($1, $2)", &[&own, &MEMBER_ROLE]).unwrap();
     let served: i64 = poll_until("the clone is served", Duration::from_secs(60), || {
         clone.connect().query_one("SELECT tso_next()", &[]).ok().map(|r| r.get(0))
     });
@@ -823,17 +842,7 @@ fn a_clone_beside_its_live_original_gets_an_entry_of_its_own_and_r_f_waits_for_b
         "the oracle refused the clone's first hello as in use: {}",
         clone.log_tail(30)
     );
-    let own: i64 = clone
-        .connect()
-        .query_one("SELECT member_id FROM tsoracle.member_identity", &[])
-        .unwrap()
-        .get(0);
-    assert_ne!(own, original, "the clone took an identity of its own");
-    let kept: i64 = m
-        .connect()
-        .query_one("SELECT member_id FROM tsoracle.member_identity", &[])
-        .unwrap()
-        .get(0);
+    let kept: i64 = m.connect().query_one(identity, &[]).unwrap().get(0);
     assert_eq!(kept, original, "the original keeps its identity");
     let ids: Vec<i64> = o
         .query("SELECT system_id FROM tso_fleet_status() ORDER BY system_id", &[])

@@ -52,6 +52,9 @@ use tsoracle_tests::{
 
 /// The runbooks' copy of the counters, from the cluster that has them to the one that
 /// continues them: merged (`GREATEST`) into what is there.
+/// The joining cluster's own role on the oracle.
+const JOIN_ROLE: &str = "member_join";
+
 const COUNTERS: (&str, &str) = ("SELECT key, next FROM tsoracle.seq", "tsoracle.seq (key, next)");
 
 /// A standalone cluster with timestamps and counters of its own joins a fleet by the runbook,
@@ -94,7 +97,16 @@ fn a_cluster_joins_a_fleet_by_the_runbook_under_load() {
     assert!(seeded > high_water, "the oracle's high-water {seeded} is above {high_water}");
     // 2. The cluster's counters copied to the oracle.
     run_step(book.step(2), &joining, &vars);
-    // 3. tsoracle.oracle set, and a restart.
+    // 3. Admitted on the oracle, bound to a role of its own.
+    oracle
+        .connect()
+        .batch_execute(&format!("CREATE ROLE {JOIN_ROLE} LOGIN IN ROLE tsoracle_member"))
+        .unwrap();
+    let mut with_role = vars.clone();
+    with_role.push(("ROLE", JOIN_ROLE.to_string()));
+    run_step(book.step(3), &joining, &with_role);
+    // 4. tsoracle.oracle set, with its role, and a restart.
+    let conninfo = oracle_conninfo(&[oracle.port()], JOIN_ROLE);
     joining.set_conf("tsoracle.oracle", &conninfo).expect("set tsoracle.oracle");
     joining.set_conf("tsoracle.extension_timeout_ms", 3000).expect("set the timeout");
     joining.restart(StopMode::Fast).expect("restart as a member");
@@ -147,8 +159,9 @@ fn a_cluster_that_joined_without_the_runbook_hands_out_nothing_of_its_own_again(
     let own_last = one_i64(&mut c, "SELECT tso_next()");
     let own_next = one_i64(&mut c, "SELECT tso_seq('joined', 1000)") + 1000;
     drop(c);
-    // Straight to step 3.
+    // Straight to steps 3 and 4.
     joining.stop(StopMode::Fast).expect("stop");
+    tsoracle_tests::fleet::admit(&oracle, &joining, MEMBER_ROLE);
     joining.set_conf("tsoracle.oracle", &conninfo).expect("set tsoracle.oracle");
     joining.set_conf("tsoracle.extension_timeout_ms", 3000).expect("set the timeout");
     joining.start().expect("start as a member");

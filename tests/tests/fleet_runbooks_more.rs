@@ -39,8 +39,8 @@ use tsoracle_tests::fleet::{admit_members, member, oracle_conninfo, MEMBER_ROLE}
 use tsoracle_tests::fleet_load::{members_listed, system_identifier};
 use tsoracle_tests::history::DenseCall;
 use tsoracle_tests::runbook::{
-    blocks_on, one_i64, printed_number, run_sh, run_sql, run_step, settings, timestamps_on, vars,
-    Runbook, AHEAD, MOVE_ORACLE_STEPS, REMOVE_STEPS, SETUP_STEPS,
+    blocks_on, one_i64, printed_number, run_sh, run_sql_vars, run_step, settings, timestamps_on,
+    vars, Runbook, AHEAD, MOVE_ORACLE_STEPS, REMOVE_STEPS, SETUP_STEPS,
 };
 use tsoracle_tests::tls::TestCa;
 use tsoracle_tests::{
@@ -50,6 +50,8 @@ use tsoracle_tests::{
 
 /// The members' password in the set-up test (what `\password` is answered).
 const PASSWORD: &str = "runbook-Secret-56";
+/// The member's own role in the set-up runbook.
+const PAGE_ROLE: &str = "member_a";
 
 /// The page's `tsoracle.oracle`, with the site's own words in it: the test's oracle in
 /// `host=` and `port=`, its passfile and CA in `passfile=` and `sslrootcert=`; every other
@@ -89,14 +91,18 @@ fn a_member_set_up_by_the_runbook_serves_through_its_password_under_load() {
     let oracle_load = timestamps_on(&oracle, &fleet);
     fleet.wait_progress(Instant::now(), 100, "the oracle serves");
 
-    // 1. On the oracle, in psql: the role, its password (\password reads it twice), its grant.
+    // 1. On the oracle, in psql: the member's own role, its password (\password reads it
+    //    twice), its grant, and its cluster admitted, bound to it.
+    let mut m = Node::init("setup-m", NodeOpts::new()).expect("initdb the member");
+    let member_id = tsoracle_tests::fleet::system_identifier(&m).expect("its system identifier");
     let answers = format!("{PASSWORD}\n{PASSWORD}\n");
-    run_sql(book.step(1), oracle.bin_dir(), &oracle.conninfo(), &answers)
+    let id_var = [("member_id", member_id.to_string())];
+    run_sql_vars(book.step(1), oracle.bin_dir(), &oracle.conninfo(), &answers, &id_var)
         .unwrap_or_else(|e| panic!("runbook set-up step 1: {e}"));
     let stored: Option<String> = oracle
         .connect()
-        .query_one("SELECT rolpassword FROM pg_authid WHERE rolname = $1", &[&MEMBER_ROLE])
-        .expect("the members' role")
+        .query_one("SELECT rolpassword FROM pg_authid WHERE rolname = $1", &[&PAGE_ROLE])
+        .expect("the member's role")
         .get(0);
     assert!(
         stored.as_deref().is_some_and(|p| p.starts_with("SCRAM-SHA-256$")),
@@ -107,13 +113,12 @@ fn a_member_set_up_by_the_runbook_serves_through_its_password_under_load() {
     let hba = oracle.datadir().join("pg_hba.conf");
     let old = std::fs::read_to_string(&hba).expect("read pg_hba.conf");
     let lines = format!(
-        "hostssl all {MEMBER_ROLE} 127.0.0.1/32 scram-sha-256\nhostnossl all {MEMBER_ROLE} 127.0.0.1/32 reject\n"
+        "hostssl all {PAGE_ROLE} 127.0.0.1/32 scram-sha-256\nhostnossl all {PAGE_ROLE} 127.0.0.1/32 reject\n"
     );
     std::fs::write(&hba, lines + &old).expect("write pg_hba.conf");
     oracle.reload().expect("reload the oracle");
 
     // 2. On the member: the passfile, readable by the postgres OS user only.
-    let mut m = Node::init("setup-m", NodeOpts::new()).expect("initdb the member");
     let passfile = m.basedir().join("tsoracle.pgpass").display().to_string();
     run_step(
         book.step(2),
@@ -174,11 +179,22 @@ fn a_member_set_up_by_the_runbook_serves_through_its_password_under_load() {
         .query_one(
             "SELECT bool_and(s.ssl) AND count(*) > 0 FROM pg_stat_activity a \
              JOIN pg_stat_ssl s USING (pid) WHERE a.usename = $1",
-            &[&MEMBER_ROLE],
+            &[&PAGE_ROLE],
         )
         .expect("the members' sessions")
         .get(0);
     assert!(tls, "the member's sessions on the oracle are over TLS");
+    // Listed as admitted for its own role, and registered.
+    let row = oracle
+        .connect()
+        .query_one(
+            "SELECT role, resolved IS NOT NULL, admitted_at IS NOT NULL FROM tso_fleet_status() \
+             WHERE system_id = $1",
+            &[&member_id],
+        )
+        .expect("the member's row");
+    let shown: (String, bool, bool) = (row.get(0), row.get(1), row.get(2));
+    assert_eq!(shown, (PAGE_ROLE.to_string(), true, true), "the member's row");
     std::thread::sleep(Duration::from_secs(1));
 
     member_load.stop_and_join();
@@ -197,11 +213,14 @@ fn fleet_resolved(oracle: &Node) -> i64 {
     one_i64(&mut oracle.connect(), "SELECT tso_fleet_resolved()")
 }
 
-/// Whether `tso_fleet_status()` lists the member `id`.
+/// Whether `tso_fleet_status()` lists the member `id` as registered.
 fn listed(oracle: &Node, id: i64) -> bool {
     let n = oracle
         .connect()
-        .query_one("SELECT count(*) FROM tso_fleet_status() WHERE system_id = $1", &[&id])
+        .query_one(
+            "SELECT count(*) FROM tso_fleet_status() WHERE system_id = $1 AND resolved IS NOT NULL",
+            &[&id],
+        )
         .expect("tso_fleet_status()")
         .get::<_, i64>(0);
     n > 0
@@ -219,6 +238,15 @@ fn a_member_gone_for_good_is_removed_and_readmitted_by_the_runbook_under_load() 
     let mut gone = Node::base_backup_from(&original, "rm-clone").expect("pg_basebackup");
     gone.start().expect("start the clone");
     gone.promote().expect("promote the clone");
+    // A new member, as the oracle's superuser admits one: by the identity it says hello with.
+    let sid = system_identifier(&mut original.connect());
+    let identity = "SELECT member_id FROM tsoracle.member_identity";
+    let new_id: i64 =
+        poll_until("the clone's identity of its own", Duration::from_secs(60), || {
+            let id: i64 = gone.connect().query_one(identity, &[]).ok()?.get(0);
+            (id != sid).then_some(id)
+        });
+    oracle.connect().query_one("SELECT tso_fleet_admit($1, $2)", &[&new_id, &MEMBER_ROLE]).unwrap();
 
     let fleet = History::default();
     let dense = DenseHistory::default();

@@ -28,7 +28,10 @@ use std::time::Duration;
 
 use postgres::error::SqlState;
 use postgres::Client;
-use tsoracle_tests::fleet::{admit_members, member, member_opts, oracle_conninfo, MEMBER_ROLE};
+use tsoracle_tests::exporter::Exporter;
+use tsoracle_tests::fleet::{
+    admit, admit_members, admitted_member, member, member_opts, oracle_conninfo, MEMBER_ROLE,
+};
 use tsoracle_tests::fleet_load::system_identifier;
 use tsoracle_tests::pooler::{create_role, PgBouncer, PgBouncerOpts};
 use tsoracle_tests::{
@@ -39,6 +42,8 @@ const MAX_MEMBERS: i64 = 128;
 const SIMULATED: i64 = 100;
 /// The simulated members' identities: far from any cluster's system identifier.
 const FIRST_ID: i64 = 55_000;
+/// Clusters nobody admitted.
+const MADE_UP: i64 = 77_000;
 
 /// A simulated member: a session on the oracle that said hello as `id` (again while the oracle
 /// answers `57P03`, not serving yet, as a member's worker does).
@@ -72,7 +77,10 @@ fn slots_in_use(oracle: &Node) -> i64 {
 fn listed(oracle: &Node) -> Vec<i64> {
     oracle
         .connect()
-        .query("SELECT system_id FROM tso_fleet_status() ORDER BY system_id", &[])
+        .query(
+            "SELECT system_id FROM tso_fleet_status() WHERE resolved IS NOT NULL ORDER BY 1",
+            &[],
+        )
         .unwrap()
         .iter()
         .map(|r| r.get(0))
@@ -115,6 +123,88 @@ fn an_oracle_admits_max_members_and_refuses_the_next_with_its_reason() {
     let shown: String =
         oracle.connect().query_one("SHOW tsoracle.max_members", &[]).unwrap().get(0);
     assert_eq!(shown, MAX_MEMBERS.to_string());
+
+    // More made-up hellos than there are slots, from a member's role: each refused 42501 with
+    // what to ask the oracle's DBA for; none registers, takes a slot or holds R_f.
+    let mut su = oracle.connect();
+    poll_until("R_f published: the fleet read", Duration::from_secs(30), || {
+        su.query_one("SELECT tso_fleet_resolved()", &[]).ok().map(|_| ())
+    });
+    let mut fake = oracle.connect_as(MEMBER_ROLE);
+    for id in MADE_UP..MADE_UP + MAX_MEMBERS + 10 {
+        let hello = "SELECT * FROM tsoracle.member_hello($1, $2, 0)";
+        let e = expect_sqlstate(
+            fake.query(hello, &[&id, &version]),
+            &SqlState::INSUFFICIENT_PRIVILEGE,
+            "a hello from a cluster nobody admitted",
+        );
+        let wanted = format!("tso_fleet_admit({id}, '{MEMBER_ROLE}')");
+        assert!(hint(&e).contains(&wanted), "HINT names {wanted}: {}", hint(&e));
+    }
+    assert_eq!(slots_in_use(&oracle), 0, "a made-up hello took a slot");
+    assert_eq!(listed(&oracle), Vec::<i64>::new(), "a made-up hello is listed");
+    let issued: i64 = su.query_one("SELECT tso_next()", &[]).unwrap().get(0);
+    poll_until("R_f passes a value issued after the hellos", Duration::from_secs(10), || {
+        let rf: i64 = su.query_one("SELECT tso_fleet_resolved()", &[]).ok()?.get(0);
+        (rf >= issued).then_some(())
+    });
+    // Only a superuser admits; each member is bound to its role: another role speaking for
+    // it is refused 42501, before anything registers.
+    su.batch_execute("CREATE ROLE other_member LOGIN; GRANT tsoracle_member TO other_member")
+        .unwrap();
+    let mut other = oracle.connect_as("other_member");
+    for sql in [
+        "SELECT tso_fleet_admit(55000, 'other_member')",
+        "SELECT tso_fleet_admit(55000)",
+        "SELECT tso_fleet_remove(55000)",
+        "SELECT tso_seed(1)",
+        "SELECT tso_handover()",
+        "INSERT INTO tsoracle.fleet_admission (system_id, role) VALUES (1, 10)",
+    ] {
+        expect_sqlstate(other.query(sql, &[]), &SqlState::INSUFFICIENT_PRIVILEGE, sql);
+    }
+    let admitted: i64 = su
+        .query_one(
+            "SELECT count(*) FILTER (WHERE tso_fleet_admit(id, $2)) \
+             FROM generate_series($1::bigint, $1 + $3) id",
+            &[&FIRST_ID, &MEMBER_ROLE, &MAX_MEMBERS],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(admitted, MAX_MEMBERS + 1, "admitted, each once");
+    let e = expect_sqlstate(
+        other.query("SELECT * FROM tsoracle.member_hello($1, $2, 0)", &[&FIRST_ID, &version]),
+        &SqlState::INSUFFICIENT_PRIVILEGE,
+        "a hello for a member admitted for another role",
+    );
+    assert!(
+        pg_error_string(&e).contains("admitted for role fleet_member"),
+        "{}",
+        pg_error_string(&e)
+    );
+    // PUBLIC reads who is admitted, for which role; it neither admits nor says hello.
+    su.batch_execute("CREATE ROLE watcher LOGIN").unwrap();
+    let mut watcher = oracle.connect_as("watcher");
+    let seen: i64 = watcher
+        .query_one("SELECT count(*) FROM tso_fleet_status() WHERE role = $1", &[&MEMBER_ROLE])
+        .unwrap()
+        .get(0);
+    assert_eq!(seen, MAX_MEMBERS + 1, "PUBLIC sees the admissions");
+    let rows: i64 =
+        watcher.query_one("SELECT count(*) FROM tsoracle.fleet_admission", &[]).unwrap().get(0);
+    assert_eq!(rows, MAX_MEMBERS + 1, "PUBLIC reads tsoracle.fleet_admission");
+    for sql in [
+        "SELECT tso_fleet_admit(1, 'watcher')",
+        "SELECT tso_fleet_remove(1)",
+        "SELECT * FROM tsoracle.member_hello(1, '0.6.0', 0)",
+    ] {
+        expect_sqlstate(watcher.query(sql, &[]), &SqlState::INSUFFICIENT_PRIVILEGE, sql);
+    }
+    let unregistered: Option<i64> = su
+        .query_one("SELECT resolved FROM tso_fleet_status() WHERE system_id = $1", &[&FIRST_ID])
+        .unwrap()
+        .get(0);
+    assert_eq!(unregistered, None, "admitted, listed, and registered by no one yet");
 
     // More than 64 members, each served and listed.
     let mut sessions: Vec<(i64, Client)> = (0..SIMULATED)
@@ -224,6 +314,35 @@ fn an_oracle_admits_max_members_and_refuses_the_next_with_its_reason() {
     assert!(!connected && why.contains("0.5.0"), "{why}");
     set_version(&full, &installed);
     full.wait_serving().expect("the member served once its schema is the library's");
+    // A member stopped, another killed (kill -9 of its postmaster): neither is connected in
+    // tso_fleet_status(), nor counted so by the exporter.
+    let (mut real, mut full) = (real, full);
+    let ids = [system_identifier(&mut real.connect()), system_identifier(&mut full.connect())];
+    real.stop(StopMode::Fast).expect("stop a member");
+    full.kill9_postmaster().expect("kill -9 a member");
+    poll_until("both members shown not connected", Duration::from_secs(15), || {
+        let rows = su
+            .query(
+                "SELECT session_pid, connected FROM tso_fleet_status() WHERE system_id = ANY($1)",
+                &[&ids.to_vec()],
+            )
+            .unwrap();
+        (rows.len() == 2
+            && rows.iter().all(|r| r.get::<_, Option<i32>>(0).is_none() && !r.get::<_, bool>(1)))
+        .then_some(())
+    });
+    let exporter = Exporter::start("fs-oracle", &oracle, "postgres").expect("postgres_exporter");
+    let m = exporter.scrape().expect("scrape");
+    let connected: i64 = su
+        .query_one("SELECT count(*) FROM tso_fleet_status() WHERE connected", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(m.value("tsoracle_fleet_members_connected").unwrap(), connected as f64);
+    assert!(
+        m.value("tsoracle_fleet_members").unwrap()
+            >= m.value("tsoracle_fleet_members_connected").unwrap() + 2.0,
+        "two members away"
+    );
 }
 
 #[test]
@@ -245,7 +364,7 @@ fn through_a_transaction_pooler_no_member_speaks_for_another() {
     let conninfo = bouncer.conninfo("postgres", ROLE, PASSWORD);
     // Alone, every statement of the first member runs on that connection: it is served. An
     // open transaction holds its R, so its reports name that backend (`held_by_pid`).
-    let a = member("fs-pool-a", &conninfo);
+    let a = admitted_member("fs-pool-a", &conninfo, &oracle, ROLE);
     let mut holder = a.connect();
     holder.batch_execute("BEGIN; SELECT tso_next()").expect("the first member is served");
     let holder_pid: i32 = holder.query_one("SELECT pg_backend_pid()", &[]).unwrap().get(0);
@@ -264,7 +383,9 @@ fn through_a_transaction_pooler_no_member_speaks_for_another() {
     // The second says hello on the same server connection, while the first keeps reporting
     // (every tsoracle.resolved_interval_ms): none of its reports may land in the second's
     // entry, whichever member said the last hello on that connection.
-    let b = Node::start_new("fs-pool-b", member_opts(&conninfo)).expect("start the member");
+    let b = Node::start_new("fs-pool-b", member_opts(&conninfo).unadmitted())
+        .expect("start the member");
+    admit(&oracle, &b, ROLE);
     b.connect().batch_execute("CREATE EXTENSION tsoracle").expect("CREATE EXTENSION");
     let b_id = system_identifier(&mut b.connect());
     poll_until("the second member's hello", Duration::from_secs(30), || {
@@ -301,6 +422,11 @@ fn a_hello_that_failed_leaves_its_session_speaking_for_no_member() {
     admit_members(&oracle);
     let version = extension_version(&oracle);
     let (first, second) = (FIRST_ID + 1_000, FIRST_ID + 1_001);
+    // The role as a name, or as a regrole.
+    let mut su = oracle.connect();
+    su.query_one("SELECT tso_fleet_admit($1, $2)", &[&first, &MEMBER_ROLE]).unwrap();
+    let by_oid = format!("SELECT tso_fleet_admit({second}, '{MEMBER_ROLE}'::regrole)");
+    assert!(su.query_one(&by_oid, &[]).unwrap().get::<_, bool>(0), "{by_oid}");
     let mut s = hello(&oracle, first, &version).expect("the first member's hello");
     next(&mut s, 1);
     let report = "SELECT tsoracle.member_report(1, 0)";

@@ -7,6 +7,7 @@
 //!   history is unique and in order across it, the counters go on above every block granted
 //!   through the members, and `R_f` never goes down. Before the step, the members refuse
 //!   the upgraded oracle ("another cluster"): the test checks that they serve nothing then.
+//!   Its admissions (`tsoracle.fleet_admission`) come across, each for its role.
 //! - A member, on the old major with the fleet serving, is upgraded: it registers again under
 //!   its old entry (the oracle lists the same members), serves again, and `R_f` moves on.
 //! - An oracle that had failed over (timeline 2, epoch 2) is upgraded: its timeline starts
@@ -97,6 +98,18 @@ fn pg_upgrade_of_the_oracle_with_members_attached_by_the_runbook() {
     assert_ne!(new_id, old_id, "pg_upgrade gave the oracle a new system identifier");
     let r = fleet_resolved(&mut c);
     assert!(r.is_none_or(|r| r >= resolved_before), "R_f went down across pg_upgrade: {r:?}");
+    // The admissions came across with the cluster, each for the role it was made for.
+    let admitted: BTreeMap<i64, String> = c
+        .query("SELECT system_id, pg_get_userbyid(role)::text FROM tsoracle.fleet_admission", &[])
+        .expect("tsoracle.fleet_admission")
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert!(
+        admitted.keys().copied().eq(listed_before.iter().copied())
+            && admitted.values().all(|r| r == MEMBER_ROLE),
+        "the admissions after pg_upgrade: {admitted:?}, members {listed_before:?}"
+    );
 
     // Without the page's step the members refuse it: another cluster.
     let upgraded = Instant::now();

@@ -9,8 +9,12 @@
 //!   why at once (the oracle's SQLSTATE, its message, a HINT to upgrade the oracle first);
 //! - the oracle is restarted on this version and updated by the page's step: the old members
 //!   are served again (it speaks their version), and so is the new member;
+//!   The members it registered before count as admitted, bound to the role they used; the
+//!   new member, never registered, is refused `42501` until a superuser admits it;
 //! - each member in turn is restarted on this version and updated by the page's step, while
 //!   the other keeps serving;
+//! - the members' shared role is split: one member gets a role of its own, admitted for it,
+//!   and a restart, while the other keeps serving;
 //! - a hello two minor versions older, or newer, is refused `0A000` with its HINT.
 //!
 //! At the end every history is unique and in order across the whole, every block below the
@@ -23,9 +27,9 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use tsoracle_tests::fleet::{admit_members, member_opts, oracle_conninfo, MEMBER_ROLE};
+use tsoracle_tests::fleet::{admit, admit_members, member_opts, oracle_conninfo, MEMBER_ROLE};
 use tsoracle_tests::fleet_load::{
-    check_histories, load_members, wait_resolved_above, ResolvedWatch,
+    check_histories, load_members, system_identifier, wait_resolved_above, ResolvedWatch,
 };
 use tsoracle_tests::node::pg_bin_dir;
 use tsoracle_tests::runbook::{run_sh, Runbook, MINOR_UPGRADE_STEPS};
@@ -143,6 +147,25 @@ fn a_fleet_upgraded_one_cluster_at_a_time_under_load_by_the_runbook() {
     upgrade(&mut oracle, &book, &version);
     history.wait_progress_on(&names, t, 100, "the old members served by the upgraded oracle");
     assert_eq!(extversion(&m1), old_version, "m1 still runs the previous release");
+    // The members the old oracle registered count as admitted, for the role they used; the
+    // early member, which it never registered, is refused until a superuser admits it.
+    let ids = [system_identifier(&mut m1.connect()), system_identifier(&mut m2.connect())];
+    for id in ids {
+        let role: String = oracle
+            .connect()
+            .query_one("SELECT role FROM tso_fleet_status() WHERE system_id = $1", &[&id])
+            .unwrap_or_else(|e| {
+                panic!("member {id} admitted by the update: {}", pg_error_string(&e))
+            })
+            .get(0);
+        assert_eq!(role, MEMBER_ROLE, "member {id} admitted for the role it used");
+    }
+    let (code, _, hint) =
+        poll_until("the early member not admitted", Duration::from_secs(60), || {
+            caller_error(&early).filter(|(code, ..)| code == "42501")
+        });
+    assert!(hint.contains("tso_fleet_admit("), "HINT {hint:?} ({code})");
+    admit(&oracle, &early, MEMBER_ROLE);
     tso::wait_serving(&mut early.connect())
         .unwrap_or_else(|e| panic!("the early member served by the upgraded oracle: {e}"));
     tso::tso_next(&mut early.connect())
@@ -160,6 +183,34 @@ fn a_fleet_upgraded_one_cluster_at_a_time_under_load_by_the_runbook() {
         history.wait_progress_on(&names, up, 100, "both members serve after the upgrade");
         assert_eq!(extversion(m), version);
     }
+
+    // ---- the shared role split (docs/operations/fleet/set-up.md, "A role per member"): m1
+    //      gets a role of its own, admitted for it just before its restart; m2 serves on
+    let own_role = "member_roll1";
+    oracle
+        .connect()
+        .batch_execute(&format!("CREATE ROLE {own_role} LOGIN IN ROLE tsoracle_member"))
+        .expect("m1's own role");
+    m1.set_conf("tsoracle.oracle", oracle_conninfo(&[oracle.port()], own_role))
+        .expect("m1 logs in as its own role");
+    let down = Instant::now();
+    admit(&oracle, &m1, own_role);
+    m1.restart(StopMode::Fast).expect("restart m1");
+    let up = Instant::now();
+    history.wait_progress_on(&names, up, 100, "both members serve after the split");
+    assert!(history.ok_calls_on_within(names[1], down, up) > 0, "m2 served during the split");
+    let role: String = oracle
+        .connect()
+        .query_one("SELECT role FROM tso_fleet_status() WHERE system_id = $1", &[&ids[0]])
+        .unwrap()
+        .get(0);
+    assert_eq!(role, own_role, "m1 bound to its own role");
+    let shared: i64 = oracle
+        .connect()
+        .query_one("SELECT count(*) FROM pg_stat_activity WHERE usename = $1", &[&own_role])
+        .unwrap()
+        .get(0);
+    assert!(shared > 0, "m1 speaks as its own role");
 
     // ---- more than one minor version apart, or newer than the oracle: refused, with a HINT
     let (major, minor) = {

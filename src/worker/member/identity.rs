@@ -165,6 +165,11 @@ impl Identity {
                 "the oracle has no tsoracle {} (tsoracle.member_hello is missing): install it there, in its tsoracle.database",
                 crate::pg::EXTENSION_VERSION
             ),
+            // Not admitted, or under another role: the oracle's own words, its HINT naming
+            // what to ask the oracle's DBA for (`refused.rs` hands them to the callers).
+            "42501" if e.hint.is_some() => {
+                format!("the oracle refused this member: {} ({})", e.message, e.sqlstate)
+            }
             "42501" => format!(
                 "the oracle refuses this member's role: grant it tsoracle_member there ({})",
                 e.message

@@ -1,5 +1,6 @@
 //! A hello the oracle refuses for a reason that retrying does not change (issue 55): the
-//! fleet is full (`53400`, `tsoracle.max_members`), or the two run tsoracle versions that do
+//! fleet is full (`53400`, `tsoracle.max_members`), the cluster is not admitted, or not for
+//! the role it logs in as (`42501`, with a HINT), or the two run tsoracle versions that do
 //! not work together (`0A000` from an oracle of 0.6 on, `22023` from one of 0.5: the member
 //! was upgraded before its oracle, or they are two minor versions apart). The member's callers are told at once,
 //! with the oracle's SQLSTATE, message and HINT, instead of waiting for an oracle that will
@@ -22,7 +23,10 @@ impl Proxy {
     /// The oracle answered a hello with `e`: kept if it is to be handed on, forgotten
     /// otherwise.
     pub(super) fn hello_refused(&mut self, e: &RemoteError) {
-        self.refused = HANDED_ON.contains(&e.sqlstate.as_str()).then(|| {
+        // A hello refused 42501 with a HINT: the cluster is not admitted, or not for this role
+        // (PostgreSQL's own 42501, a role without tsoracle_member, has none).
+        let admission = e.sqlstate == "42501" && e.hint.is_some();
+        self.refused = (admission || HANDED_ON.contains(&e.sqlstate.as_str())).then(|| {
             let mut e = e.clone();
             // An oracle of 0.5 says only "install the same minor version on both".
             if e.hint.is_none() && e.message.contains("minor version") {

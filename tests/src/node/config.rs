@@ -23,11 +23,21 @@ pub struct NodeOpts {
     pub bin: Option<PathBuf>,
     /// Extra `initdb` arguments.
     pub initdb_args: Vec<String>,
+    /// With `tsoracle.oracle` among the settings: admit the new cluster on that oracle, bound
+    /// to the role of the string, as its superuser would (default true;
+    /// [`crate::fleet::admit_cluster`]).
+    pub admit: bool,
 }
 
 impl Default for NodeOpts {
     fn default() -> Self {
-        NodeOpts { preload: true, settings: Vec::new(), bin: None, initdb_args: Vec::new() }
+        NodeOpts {
+            preload: true,
+            settings: Vec::new(),
+            bin: None,
+            initdb_args: Vec::new(),
+            admit: true,
+        }
     }
 }
 
@@ -44,6 +54,12 @@ impl NodeOpts {
 
     pub fn setting(mut self, key: &str, value: impl ToString) -> Self {
         self.settings.push((key.to_string(), value.to_string()));
+        self
+    }
+
+    /// A member the test admits itself (or not at all): see [`NodeOpts::admit`].
+    pub fn unadmitted(mut self) -> Self {
+        self.admit = false;
         self
     }
 

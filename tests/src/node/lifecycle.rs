@@ -48,6 +48,11 @@ impl Node {
             settings.insert(k, v);
         }
         node.settings = settings;
+        if opts.admit {
+            if let Some(oracle) = node.settings.get("tsoracle.oracle").cloned() {
+                crate::fleet::admit_cluster(&node, &oracle);
+            }
+        }
         let conf = node.datadir.join("postgresql.conf");
         let mut f = fs::OpenOptions::new()
             .append(true)

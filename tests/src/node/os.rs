@@ -19,7 +19,7 @@ use crate::Result;
 
 impl Node {
     /// A command for a server binary, run as the postgres OS user in the node directory.
-    pub(super) fn pg_command(&self, program: &str) -> Command {
+    pub(crate) fn pg_command(&self, program: &str) -> Command {
         let (uid, gid) = pg_user().expect("postgres OS user");
         let mut cmd = Command::new(self.bin.join(program));
         cmd.uid(uid).gid(gid).current_dir(&self.base).env("HOME", &self.base);
