@@ -26,8 +26,9 @@
 # BENCH_MEMBER_CLIENTS (a member of a fleet: its tso_next() against its SELECT 1 and the
 # oracle's tso_next(), default "1 8 32 128"; then its one-row INSERTs at BENCH_WRITE_CLIENTS,
 # a COPY and an INSERT ... SELECT of BENCH_COPY_ROWS rows; empty skips it all),
-# BENCH_SLOT_CLIENTS (tso_seq and tso_next() with a test_decoding slot present, against the
-# same baselines, default "8 32"; empty skips it),
+# BENCH_SLOT_CLIENTS (tso_seq and tso_next() with a logical slot present, against the same
+# baselines, default "1 8 32"; empty skips it), BENCH_SLOT_PLUGIN (its plugin, default pgoutput,
+# the slot of a publication of another table, as an outbox's CDC makes; test_decoding too),
 # BENCH_ORACLE_MEMBERS (an oracle serving simulated members, on a cluster of its own: one
 # pgbench client per member, each a tsoracle.member_hello then tsoracle.member_next(k) round
 # trips, scripts/bench/oracle_member.sql; default "8 64 256 1000"; empty skips it),
@@ -108,7 +109,8 @@ CEIL_REPS=${BENCH_CEIL_REPS:-9}
 CEIL_ONE_REPS=${BENCH_CEIL_ONE_REPS:-15}
 CEIL_ONE_SECS=${BENCH_CEIL_ONE_SECONDS:-3}
 MEMBER_CLIENTS=${BENCH_MEMBER_CLIENTS-"1 8 32 128"}
-SLOT_CLIENTS=${BENCH_SLOT_CLIENTS-"8 32"}
+SLOT_CLIENTS=${BENCH_SLOT_CLIENTS-"1 8 32"}
+SLOT_PLUGIN=${BENCH_SLOT_PLUGIN:-pgoutput}
 ORACLE_MEMBERS=${BENCH_ORACLE_MEMBERS-"8 64 256 1000"}
 ORACLE_K=${BENCH_ORACLE_K:-"1 16"}
 ORACLE_SECS=${BENCH_ORACLE_SECONDS:-5}
@@ -559,15 +561,15 @@ fi
 
 # --- 4b'. with a logical slot present --------------------------------------------------------
 if want slot; then
-# A logical slot of another plugin than pgoutput (test_decoding here; wal2json, Debezium,
-# pglogical and pg_squeeze alike) makes every advance of tsoracle.seq and tsoracle.high_water
-# a row version it can decode (docs/operations/maintenance.md, "Tools that follow a table"):
-# tso_seq goes through the worker's group commit. The cluster restarts with wal_level =
-# logical, the slot exists (nothing consumes it), and the same pairs run as without it:
-# tso_seq against one-row INSERT commits, tso_next() against SELECT 1. Then the slot is
-# dropped and wal_level put back.
+# A logical slot of the database (pgoutput here, for a publication of another table, as a
+# Debezium outbox makes; BENCH_SLOT_PLUGIN=test_decoding for another plugin) makes every
+# advance of tsoracle.seq and tsoracle.high_water a row version it can decode (at wal_level =
+# logical nothing is written in place, slot or not: docs/operations/in-place.md): tso_seq goes
+# through the worker's group commit. The cluster restarts with wal_level = logical, the slot exists
+# (nothing consumes it), and the same pairs run as without it: tso_seq against one-row INSERT
+# commits, tso_next() against SELECT 1. Then the slot is dropped and wal_level put back.
 if [ "$SEQ_OK" = 1 ] && [ -n "$SLOT_CLIENTS" ]; then
-    echo "==> with a test_decoding slot (clients: $SLOT_CLIENTS)" >&2
+    echo "==> with a $SLOT_PLUGIN slot (clients: $SLOT_CLIENTS)" >&2
     restart_with() {
         sql "$1" >/dev/null && as_pg "$BIN/pg_ctl" -D "$DATA" -l "$LOG" -w -t 60 restart >/dev/null \
             || { tail -n 30 "$LOG" >&2; die "the restart for the slot runs failed"; }
@@ -582,8 +584,12 @@ if [ "$SEQ_OK" = 1 ] && [ -n "$SLOT_CLIENTS" ]; then
         || die "set-up of the commit-ceiling table failed"
     sql "SELECT count(tso_seq('k' || g, 1)) FROM generate_series(1, 8) g" >/dev/null \
         || die "set-up of the keys k1..k8 failed"
-    sql "SELECT pg_create_logical_replication_slot('bench_slot', 'test_decoding')" >/dev/null \
-        || die "the test_decoding slot could not be made"
+    sql "CREATE TABLE IF NOT EXISTS bench_outbox (id bigint PRIMARY KEY, body text)" >/dev/null \
+        && sql "CREATE PUBLICATION bench_pub FOR TABLE bench_outbox" >/dev/null \
+        || die "the publication for the slot could not be made"
+    sql "SELECT pg_create_logical_replication_slot('bench_slot', '$SLOT_PLUGIN')" >/dev/null \
+        || die "the $SLOT_PLUGIN slot could not be made"
+    rec info slot_plugin "$SLOT_PLUGIN"
     for c in $SLOT_CLIENTS; do
         for r in $(seq 1 "$REPS"); do
             for w in $(rotated "$r" tso_seq ins_commit tso_next select1); do
@@ -594,6 +600,7 @@ if [ "$SEQ_OK" = 1 ] && [ -n "$SLOT_CLIENTS" ]; then
     done
     rec info slot_group_commits "$(sql "SELECT group_commits FROM tso_status()")"
     sql "SELECT pg_drop_replication_slot('bench_slot')" >/dev/null
+    sql "DROP PUBLICATION bench_pub" >/dev/null
     restart_with "ALTER SYSTEM RESET wal_level"
 fi
 fi

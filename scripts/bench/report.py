@@ -323,12 +323,14 @@ for c in sorted({c for (w, c) in tps if w == "ceil_tso_seq"}):
 for c in sorted({c for (w, c) in tps if w == "ceil_tso_seq_keys"}):
     tps_row("SELECT tso_seq('k' || random(1, 8), 100)", "ceil_tso_seq_keys", "one-row INSERT commits",
             "ceil_ins_commit", c, 0.90)
-# 4b'. with a logical slot present (reported: every advance is then a row version)
+# 4b'. with a logical slot present (every advance is then a row version, through the worker's
+# group commit: docs/group-commit.md; at wal_level = logical, slot or not: docs/operations/in-place.md)
+slot_plugin = first("slot_plugin", "test_decoding")
 for c in sorted({c for (w, c) in tps if w == "slot_tso_seq"}):
-    tps_row("SELECT tso_seq('k', 100), test_decoding slot", "slot_tso_seq", "one-row INSERT commits",
-            "slot_ins_commit", c)
+    tps_row(f"SELECT tso_seq('k', 100), {slot_plugin} slot", "slot_tso_seq", "one-row INSERT commits",
+            "slot_ins_commit", c, 0.90)
 for c in sorted({c for (w, c) in tps if w == "slot_tso_next"}):
-    tps_row("SELECT tso_next(), test_decoding slot", "slot_tso_next", "SELECT 1", "slot_select1", c)
+    tps_row(f"SELECT tso_next(), {slot_plugin} slot", "slot_tso_next", "SELECT 1", "slot_select1", c)
 for c in sorted({c for (w, c) in lat if w == "ceil_tso_seq"}):
     # Each per-transaction log read once; p50 and p99 from the same figures.
     stats = {w: {rep: v for rep, pre in lat.get((w, c), {}).items() if (v := percentiles(pre))}
