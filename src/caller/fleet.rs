@@ -23,11 +23,18 @@ thread_local! {
 
 /// The role member `system_id` is admitted for (`tsoracle.fleet_admission`), if any.
 fn admitted_role(system_id: u64) -> Result<Option<u32>, TsoError> {
-    pgrx::Spi::get_one_with_args::<i64>(
-        "SELECT (SELECT role::pg_catalog.int8 FROM tsoracle.fleet_admission \
-                 WHERE system_id OPERATOR(pg_catalog.=) $1)",
-        &[(system_id as i64).into()],
-    )
+    // Read-only SPI (`Spi::get_one_with_args` would give the hello's transaction an id).
+    pgrx::Spi::connect(|client| {
+        client
+            .select(
+                "SELECT (SELECT role::pg_catalog.int8 FROM tsoracle.fleet_admission \
+                         WHERE system_id OPERATOR(pg_catalog.=) $1)",
+                None,
+                &[(system_id as i64).into()],
+            )?
+            .first()
+            .get_one::<i64>()
+    })
     .map(|r| r.map(|oid| oid as u32))
     .map_err(|e| TsoError::Internal(format!("could not read tsoracle.fleet_admission: {e}")))
 }

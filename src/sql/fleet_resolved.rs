@@ -239,10 +239,18 @@ fn standby_rows() -> Result<Vec<StatusRow>, TsoError> {
 /// The schema of this database is the library's: before `ALTER EXTENSION tsoracle UPDATE` the
 /// function is declared with the columns of 0.5.0, which these rows do not fit.
 fn check_schema() -> Result<(), TsoError> {
-    let installed = Spi::get_one::<String>(
-        "SELECT (SELECT extversion::pg_catalog.text FROM pg_catalog.pg_extension \
-                 WHERE extname OPERATOR(pg_catalog.=) 'tsoracle')",
-    )
+    // Read-only SPI: `Spi::get_one` asks for a transaction id, which a hot standby refuses.
+    let installed = Spi::connect(|client| {
+        client
+            .select(
+                "SELECT (SELECT extversion::pg_catalog.text FROM pg_catalog.pg_extension \
+                         WHERE extname OPERATOR(pg_catalog.=) 'tsoracle')",
+                None,
+                &[],
+            )?
+            .first()
+            .get_one::<String>()
+    })
     .map_err(|e| TsoError::Internal(format!("could not read pg_extension: {e}")))?
     .unwrap_or_default();
     if installed == crate::pg::EXTENSION_VERSION {

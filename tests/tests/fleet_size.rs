@@ -343,6 +343,12 @@ fn an_oracle_admits_max_members_and_refuses_the_next_with_its_reason() {
             >= m.value("tsoracle_fleet_members_connected").unwrap() + 2.0,
         "two members away"
     );
+    // What the oracle's exporter reads in that state, held for 8 minutes on promtool's clock:
+    // TsoracleFleetMemberAway pages (it waited for a session_pid that was never cleared, so
+    // the members still counted as connected); its slots all taken, TsoracleFleetNearCap too.
+    tsoracle_tests::alerts::record(&exporter, 2, Duration::from_millis(300), 4)
+        .expect("scrape")
+        .assert_firing(&["TsoracleFleetMemberAway", "TsoracleFleetNearCap"]);
 }
 
 #[test]

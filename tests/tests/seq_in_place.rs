@@ -24,7 +24,7 @@ use tsoracle_tests::seqlease::{
     group_commits, seq, seq_ok, seq_totals, sqlstate_of, SeqLoad, SeqLoadOptions,
 };
 use tsoracle_tests::{
-    pg_error_string, serving_node, wait_for, DenseHistory, Node, NodeOpts, StopMode,
+    pg_error_string, poll_until, serving_node, wait_for, DenseHistory, Node, NodeOpts, StopMode,
 };
 
 fn counter(c: &mut Client, key: &str) -> Option<i64> {
@@ -528,11 +528,20 @@ fn the_in_place_path_checks_its_preconditions_on_every_call() {
         assert_eq!(seq_in_place(&mut su, "pre", 1, mend_it), expected + 3);
         expected += 4;
     }
-    // A replica-role session cannot lower a counter: a replicated update merges.
+    // A replica-role session cannot lower a counter: a replicated update merges. Its commit
+    // has the worker fence again, and look first whether what came brought a member's mark
+    // (nothing is written in place until it has): the next call in place once it fenced.
+    let fences = |c: &mut Client| -> i64 {
+        c.query_one("SELECT fences FROM tso_status()", &[]).unwrap().get(0)
+    };
+    let before = fences(&mut su);
     su.batch_execute(
         "SET session_replication_role = replica; UPDATE tsoracle.seq SET next = 0 WHERE key = 'pre'; RESET session_replication_role",
     )
     .unwrap();
+    poll_until("the worker fenced again after the merge", Duration::from_secs(30), || {
+        (fences(&mut su) > before).then_some(())
+    });
     assert_eq!(
         counter(&mut su, "pre"),
         Some(expected),
