@@ -375,6 +375,20 @@ fn withdraw(system_id: u64) -> Result<bool, TsoError> {
     .map_err(|e| TsoError::Internal(format!("could not write tsoracle.fleet_admission: {e}")))
 }
 
+/// `role` is a role that exists: a `regrole` such as `'-'::regrole` (0) or a bare number
+/// names none, and an admission for it no session could ever match.
+pub fn existing_role(role: pg_sys::Oid) -> Result<(), TsoError> {
+    // SAFETY: a syscache lookup; with noerr = true a missing role gives NULL.
+    let name = unsafe { pg_sys::GetUserNameFromId(role, true) };
+    if role == pg_sys::InvalidOid || name.is_null() {
+        return Err(TsoError::InvalidArgument(format!(
+            "no role has the OID {}: name the member's login role",
+            role.to_u32()
+        )));
+    }
+    Ok(())
+}
+
 /// The role named `name` (PostgreSQL's own `42704` if there is none).
 pub fn role_oid(name: &str) -> Result<pg_sys::Oid, TsoError> {
     let name = std::ffi::CString::new(name)

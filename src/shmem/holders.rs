@@ -34,7 +34,8 @@ impl HolderSlot {
     /// Hold `min_ts` for backend `pid` (the caller then fences before its grant).
     pub fn publish(&self, min_ts: u64, pid: i32) {
         self.since_mono_ms.store(clock::mono_ms(), Ordering::Relaxed);
-        self.min_ts.store(min_ts.max(1), Ordering::Relaxed);
+        // Release: a reader that loads this holding (Acquire) reads its start too.
+        self.min_ts.store(min_ts.max(1), Ordering::Release);
         self.pid.store(pid, Ordering::Relaxed);
     }
 

@@ -250,6 +250,9 @@ fn tso_member_status() -> TableIterator<
     if !guc::is_member() {
         return TableIterator::new(Vec::new());
     }
+    // Who may read tsoracle.oracle (SHOW's test, a catalog lookup) before the lock: the
+    // member's worker takes it exclusively at every landing.
+    let may_read = guc::may_read_oracle();
     // Read under the lock, not copied: the state holds the errors kept for callers (100 KB).
     let st = MEMBER.share();
     let per = |num: u64, den: u64| (den > 0).then(|| num as f64 / den as f64);
@@ -263,9 +266,9 @@ fn tso_member_status() -> TableIterator<
         .flatten();
     // The connection string, and what libpq and the oracle said through it, only for the
     // roles that may read tsoracle.oracle (SHOW's test): others see it blank.
-    let oracle =
-        if guc::may_read_oracle() { st.oracle.get().unwrap_or_default() } else { String::new() };
-    TableIterator::once((
+    let oracle = if may_read { st.oracle.get().unwrap_or_default() } else { String::new() };
+    let last_error = st.last_error.get();
+    let row = (
         oracle,
         st.connected,
         (st.oracle_pid != 0).then_some(st.oracle_pid),
@@ -277,14 +280,32 @@ fn tso_member_status() -> TableIterator<
         per(st.values_fetched, st.round_trips),
         per(st.round_trip_us_total, st.round_trips.max(1) * 1000).filter(|_| st.round_trips > 0),
         (st.round_trips > 0).then(|| st.last_round_trip_us as f64 / 1000.0),
-        st.last_error.get().map(guc::shown),
+        last_error,
         at,
+    );
+    drop(st);
+    // Redacted for the caller (libpq parses the connection string) after the lock.
+    TableIterator::once((
+        row.0,
+        row.1,
+        row.2,
+        row.3,
+        row.4,
+        row.5,
+        row.6,
+        row.7,
+        row.8,
+        row.9,
+        row.10,
+        row.11.map(guc::shown),
+        row.12,
     ))
 }
 
 /// A member's line for `tso_status().detail`: its oracle named only to a role that may read
 /// `tsoracle.oracle` (the caller shows the whole line through `guc::shown`).
 pub fn member_summary() -> String {
+    let may_read = guc::may_read_oracle();
     let st = MEMBER.share();
     let rt = if st.round_trips > 0 {
         format!(
@@ -296,7 +317,7 @@ pub fn member_summary() -> String {
     } else {
         String::new()
     };
-    let oracle = if guc::may_read_oracle() {
+    let oracle = if may_read {
         format!("the oracle {}", st.oracle.get().unwrap_or_default())
     } else {
         "its oracle (tsoracle.oracle)".to_string()

@@ -71,6 +71,7 @@ AS 'MODULE_PATHNAME', 'tso_fleet_admit_role_wrapper';
 fn tso_fleet_admit_role(system_id: i64, member_role: pg_sys::Oid) -> bool {
     check_superuser("admit a member to the fleet")
         .and_then(|()| refuse_on_a_member())
+        .and_then(|()| fleet::existing_role(member_role))
         .and_then(|()| fleet::admit_as(system_id as u64, member_role))
         .or_report()
 }

@@ -172,6 +172,13 @@ fn an_oracle_admits_max_members_and_refuses_the_next_with_its_reason() {
         .unwrap()
         .get(0);
     assert_eq!(admitted, MAX_MEMBERS + 1, "admitted, each once");
+    // A regrole that names no role ('-' is 0, a bare number any OID) admits nothing.
+    for sql in [
+        "SELECT tso_fleet_admit(55001, '-'::regrole)",
+        "SELECT tso_fleet_admit(55001, 4000000000::oid::regrole)",
+    ] {
+        expect_sqlstate(su.query(sql, &[]), &SqlState::INVALID_PARAMETER_VALUE, sql);
+    }
     let e = expect_sqlstate(
         other.query("SELECT * FROM tsoracle.member_hello($1, $2, 0)", &[&FIRST_ID, &version]),
         &SqlState::INSUFFICIENT_PRIVILEGE,

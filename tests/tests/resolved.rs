@@ -106,8 +106,8 @@ fn an_open_transaction_holds_r_and_r_passes_it_once_it_commits() {
     // held for a second is a second old (by its value's millisecond it was 10 minutes in the
     // future: the exporter's 0, an alert 10 minutes late).
     ok(holder.batch_execute("BEGIN"), "BEGIN");
-    ok(tso_next(&mut holder), "tso_next() in an open transaction");
     let began = Instant::now();
+    ok(tso_next(&mut holder), "tso_next() in an open transaction");
     set_clock_offset(&mut other, -600_000)
         .unwrap_or_else(|e| panic!("step the server's clock back: {e}"));
     std::thread::sleep(Duration::from_millis(1_000).saturating_sub(began.elapsed()));
