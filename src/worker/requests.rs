@@ -50,15 +50,7 @@ impl Worker {
                     (*ticket, vec![Reply::err(ReplyCode::Refused); requests.len()])
                 })
                 .collect();
-            let waiters: Vec<usize> = match QUEUE.exclusive() {
-                Ok(mut guard) => {
-                    let mut queue = guard.queue();
-                    refused.iter().filter_map(|(t, replies)| queue.answer(*t, replies)).collect()
-                }
-                Err(_) => Vec::new(),
-            };
-            shmem::queue::wake_waiters(waiters);
-            self.signals.broadcast_answers();
+            super::member::answer(&refused);
             return;
         }
         // One request per row, each carrying its call's generation as its batch.

@@ -161,15 +161,15 @@ impl Identity {
     /// before the next hello names it. What the member reports either way.
     pub(super) fn refused(&mut self, e: &RemoteError) -> String {
         let why = match e.sqlstate.as_str() {
+            // Not admitted, or under another role: the oracle's own words, its HINT naming
+            // what to ask the oracle's DBA for (`refused.rs` hands them to the callers).
+            _ if super::refused::refused_admission(e) => {
+                format!("the oracle refused this member: {} ({})", e.message, e.sqlstate)
+            }
             "42883" | "3F000" => format!(
                 "the oracle has no tsoracle {} (tsoracle.member_hello is missing): install it there, in its tsoracle.database",
                 crate::pg::EXTENSION_VERSION
             ),
-            // Not admitted, or under another role: the oracle's own words, its HINT naming
-            // what to ask the oracle's DBA for (`refused.rs` hands them to the callers).
-            "42501" if e.hint.is_some() => {
-                format!("the oracle refused this member: {} ({})", e.message, e.sqlstate)
-            }
             "42501" => format!(
                 "the oracle refuses this member's role: grant it tsoracle_member there ({})",
                 e.message
