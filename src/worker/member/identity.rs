@@ -163,7 +163,7 @@ impl Identity {
         let why = match e.sqlstate.as_str() {
             // Not admitted, or under another role: the oracle's own words, its HINT naming
             // what to ask the oracle's DBA for (`refused.rs` hands them to the callers).
-            _ if super::refused::refused_admission(e) => {
+            _ if refused_admission(e) => {
                 format!("the oracle refused this member: {} ({})", e.message, e.sqlstate)
             }
             "42883" | "3F000" => format!(
@@ -209,4 +209,10 @@ impl Identity {
             id as i64
         )
     }
+}
+
+/// A hello refused `42501` with a HINT: the cluster is not admitted, or not for this role
+/// (PostgreSQL's own `42501`, a role without `tsoracle_member`, has none).
+pub(super) fn refused_admission(e: &RemoteError) -> bool {
+    e.sqlstate == "42501" && e.hint.is_some()
 }

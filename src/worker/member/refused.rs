@@ -19,25 +19,20 @@ use tsoracle_core::queue::{EntryState, Ticket};
 /// The SQLSTATEs of a refused hello handed on to the callers as they came.
 const HANDED_ON: [&str; 3] = ["53400", "0A000", "22023"];
 
-/// A hello refused `42501` with a HINT: the cluster is not admitted, or not for this role
-/// (PostgreSQL's own `42501`, a role without `tsoracle_member`, has none).
-pub(super) fn refused_admission(e: &RemoteError) -> bool {
-    e.sqlstate == "42501" && e.hint.is_some()
-}
-
 impl Proxy {
     /// The oracle answered a hello with `e`: kept if it is to be handed on, forgotten
     /// otherwise.
     pub(super) fn hello_refused(&mut self, e: &RemoteError) {
-        self.refused =
-            (refused_admission(e) || HANDED_ON.contains(&e.sqlstate.as_str())).then(|| {
-                let mut e = e.clone();
-                // An oracle of 0.5 says only "install the same minor version on both".
-                if e.hint.is_none() && e.message.contains("minor version") {
-                    e.hint = Some(crate::pg::error::UPGRADE_ORACLE_FIRST.into());
-                }
-                e
-            });
+        self.refused = (super::identity::refused_admission(e)
+            || HANDED_ON.contains(&e.sqlstate.as_str()))
+        .then(|| {
+            let mut e = e.clone();
+            // An oracle of 0.5 says only "install the same minor version on both".
+            if e.hint.is_none() && e.message.contains("minor version") {
+                e.hint = Some(crate::pg::error::UPGRADE_ORACLE_FIRST.into());
+            }
+            e
+        });
     }
 
     /// While the last hello was refused so and no connection serves: every call waiting here
