@@ -100,7 +100,7 @@ BEGIN
         RAISE EXCEPTION 'only the tsoracle worker writes table %.%', TG_TABLE_SCHEMA, TG_TABLE_NAME
             USING ERRCODE = 'insufficient_privilege';
     END IF;
-    SELECT m.system_id INTO held FROM tsoracle.member_oracle AS m FOR UPDATE;
+    SELECT m.system_id INTO held FROM ONLY tsoracle.member_oracle AS m FOR UPDATE;
     IF NOT FOUND THEN
         RETURN NEW;
     END IF;
@@ -110,7 +110,7 @@ BEGIN
             DETAIL = 'The dump holds values the other oracle handed out: this cluster''s oracle could hand them out again.',
             HINT = 'Restore the dump into a member of the oracle it came from, or into a cluster on its own and leave the fleet there (docs/operations/backups.md, "A member of a fleet").';
     END IF;
-    UPDATE tsoracle.member_oracle
+    UPDATE ONLY tsoracle.member_oracle
         SET epoch = GREATEST(epoch, (NEW).epoch), updated_at = pg_catalog.now();
     RETURN NULL;
 END

@@ -27,7 +27,7 @@ fn admitted_role(system_id: u64) -> Result<Option<u32>, TsoError> {
     pgrx::Spi::connect(|client| {
         client
             .select(
-                "SELECT (SELECT role::pg_catalog.int8 FROM tsoracle.fleet_admission \
+                "SELECT (SELECT role::pg_catalog.int8 FROM ONLY tsoracle.fleet_admission \
                          WHERE system_id OPERATOR(pg_catalog.=) $1)",
                 None,
                 &[(system_id as i64).into()],

@@ -113,7 +113,7 @@ type StatusRow = (
 fn admissions() -> Result<Vec<(i64, u32, Option<TimestampWithTimeZone>)>, TsoError> {
     Spi::connect(|client| {
         let rows = client.select(
-            "SELECT system_id, role::pg_catalog.int8, admitted_at FROM tsoracle.fleet_admission",
+            "SELECT system_id, role::pg_catalog.int8, admitted_at FROM ONLY tsoracle.fleet_admission",
             None,
             &[],
         )?;
@@ -206,10 +206,10 @@ fn standby_rows() -> Result<Vec<StatusRow>, TsoError> {
             "SELECT COALESCE(m.system_id, a.system_id), \
                     COALESCE(r.rolname::pg_catalog.text, COALESCE(a.role, m.role)::pg_catalog.text), \
                     m.resolved, m.held_by_pid, \
-                    COALESCE(m.resolved OPERATOR(pg_catalog.=) (SELECT pg_catalog.min(resolved) FROM tsoracle.fleet_member WHERE removed_at IS NULL), false), \
+                    COALESCE(m.resolved OPERATOR(pg_catalog.=) (SELECT pg_catalog.min(resolved) FROM ONLY tsoracle.fleet_member WHERE removed_at IS NULL), false), \
                     m.system_id IS NOT NULL, a.admitted_at, m.registered_at, m.reported_at \
-             FROM tsoracle.fleet_admission a \
-             FULL JOIN tsoracle.fleet_member m ON m.system_id OPERATOR(pg_catalog.=) a.system_id \
+             FROM ONLY tsoracle.fleet_admission a \
+             FULL JOIN ONLY tsoracle.fleet_member m ON m.system_id OPERATOR(pg_catalog.=) a.system_id \
              LEFT JOIN pg_catalog.pg_roles r ON r.oid OPERATOR(pg_catalog.=) COALESCE(a.role, m.role) \
              WHERE m.removed_at IS NULL ORDER BY 1",
             None,

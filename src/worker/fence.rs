@@ -225,8 +225,10 @@ fn keep_base(timeline: u64, seed: u64) -> Result<u64, FenceError> {
     let read = |sql: &str, what: &str| {
         spi_step(what, || Ok(Spi::get_one::<i64>(sql)?.unwrap_or(0).max(0) as u64))
     };
-    let base =
-        read("SELECT COALESCE((SELECT base FROM tsoracle.epoch_base), 0)", "read the epoch base")?;
+    let base = read(
+        "SELECT COALESCE((SELECT base FROM ONLY tsoracle.epoch_base), 0)",
+        "read the epoch base",
+    )?;
     let prior = read(
         "SELECT COALESCE((SELECT epoch FROM ONLY tsoracle.high_water), 0)",
         "read the high-water's epoch",

@@ -61,7 +61,7 @@ fn load() -> Result<(Vec<MemberSlot>, u64), pgrx::spi::Error> {
                     (pg_catalog.date_part('epoch', registered_at) OPERATOR(pg_catalog.*) 1000)::pg_catalog.int8, \
                     COALESCE((pg_catalog.date_part('epoch', reported_at) OPERATOR(pg_catalog.*) 1000)::pg_catalog.int8, 0), \
                     removed_at IS NOT NULL, run, held_at \
-             FROM tsoracle.fleet_member ORDER BY system_id",
+             FROM ONLY tsoracle.fleet_member ORDER BY system_id",
             None,
             &[],
         )?;
@@ -88,7 +88,7 @@ fn load() -> Result<(Vec<MemberSlot>, u64), pgrx::spi::Error> {
             });
         }
         let published = client
-            .select("SELECT ts FROM tsoracle.fleet_resolved WHERE id", None, &[])?
+            .select("SELECT ts FROM ONLY tsoracle.fleet_resolved WHERE id", None, &[])?
             .first()
             .get_one::<i64>()?
             .unwrap_or(0)
@@ -111,12 +111,12 @@ pub(super) fn write(own: u64) -> Result<Written, pgrx::spi::Error> {
     for m in &members {
         if m.admitting {
             Spi::run_with_args(
-                "DELETE FROM tsoracle.fleet_member WHERE system_id OPERATOR(pg_catalog.=) $1",
+                "DELETE FROM ONLY tsoracle.fleet_member WHERE system_id OPERATOR(pg_catalog.=) $1",
                 &[(m.system_id as i64).into()],
             )?;
         } else if m.removing {
             Spi::run_with_args(
-                "UPDATE tsoracle.fleet_member SET removed_at = pg_catalog.now(), held_by_pid = NULL \
+                "UPDATE ONLY tsoracle.fleet_member SET removed_at = pg_catalog.now(), held_by_pid = NULL \
                  WHERE system_id OPERATOR(pg_catalog.=) $1",
                 &[(m.system_id as i64).into()],
             )?;

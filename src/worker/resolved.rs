@@ -131,7 +131,7 @@ impl Worker {
 
 /// A commit that writes nothing but the time of `tsoracle.resolved`'s row.
 fn beat_row() -> Result<(), pgrx::spi::Error> {
-    Spi::run("UPDATE tsoracle.resolved SET updated_at = pg_catalog.now() WHERE id")
+    Spi::run("UPDATE ONLY tsoracle.resolved SET updated_at = pg_catalog.now() WHERE id")
 }
 
 thread_local! {
@@ -180,11 +180,11 @@ enum Published {
 fn publish(what: Published, r: u64) -> Result<(), pgrx::spi::Error> {
     let (update, prefix) = match what {
         Published::Local => (
-            "UPDATE tsoracle.resolved SET ts = GREATEST(ts, $1), updated_at = pg_catalog.now() WHERE id",
+            "UPDATE ONLY tsoracle.resolved SET ts = GREATEST(ts, $1), updated_at = pg_catalog.now() WHERE id",
             "tsoracle.resolved",
         ),
         Published::Fleet => (
-            "UPDATE tsoracle.fleet_resolved SET ts = GREATEST(ts, $1), updated_at = pg_catalog.now() WHERE id",
+            "UPDATE ONLY tsoracle.fleet_resolved SET ts = GREATEST(ts, $1), updated_at = pg_catalog.now() WHERE id",
             "tsoracle.fleet_resolved",
         ),
     };

@@ -143,6 +143,20 @@ fn an_oracle_admits_max_members_and_refuses_the_next_with_its_reason() {
     }
     assert_eq!(slots_in_use(&oracle), 0, "a made-up hello took a slot");
     assert_eq!(listed(&oracle), Vec::<i64>::new(), "a made-up hello is listed");
+    // A row in a child of the admissions table (only the table's owner can make one) admits
+    // nobody: the hello reads the extension's own table, ONLY.
+    su.batch_execute(&format!(
+        "CREATE TABLE public.planted_admission () INHERITS (tsoracle.fleet_admission); \
+         INSERT INTO public.planted_admission (system_id, role) \
+         VALUES ({MADE_UP}, '{MEMBER_ROLE}'::regrole)"
+    ))
+    .unwrap();
+    expect_sqlstate(
+        fake.query("SELECT * FROM tsoracle.member_hello($1, $2, 0)", &[&MADE_UP, &version]),
+        &SqlState::INSUFFICIENT_PRIVILEGE,
+        "a hello admitted only by a child table's row",
+    );
+    su.batch_execute("DROP TABLE public.planted_admission").unwrap();
     let issued: i64 = su.query_one("SELECT tso_next()", &[]).unwrap().get(0);
     poll_until("R_f passes a value issued after the hellos", Duration::from_secs(10), || {
         let rf: i64 = su.query_one("SELECT tso_fleet_resolved()", &[]).ok()?.get(0);

@@ -17,7 +17,7 @@ use std::time::Duration;
 /// Whether `tsoracle.member_oracle` holds a row: this cluster has been served by an oracle.
 pub(crate) fn marked() -> Result<bool, String> {
     sql_transaction("cannot read tsoracle.member_oracle", || {
-        Spi::get_one::<bool>("SELECT EXISTS (SELECT FROM tsoracle.member_oracle)")
+        Spi::get_one::<bool>("SELECT EXISTS (SELECT FROM ONLY tsoracle.member_oracle)")
             .map(|v| v.unwrap_or(true))
     })
 }

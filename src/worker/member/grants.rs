@@ -104,7 +104,7 @@ impl Grants {
             Spi::connect(|client| {
                 let mut live = Vec::new();
                 for row in client.select(
-                    "SELECT lease_id, lower_ms, upper_ms, expires_at_ms, expires_mono_ms FROM tsoracle.member_lease",
+                    "SELECT lease_id, lower_ms, upper_ms, expires_at_ms, expires_mono_ms FROM ONLY tsoracle.member_lease",
                     None,
                     &[],
                 )? {
@@ -186,7 +186,7 @@ impl Grants {
             // Left in the table if this fails: it only holds R longer, until it expires.
             let _ = transaction(|| {
                 Spi::run_with_args(
-                    "DELETE FROM tsoracle.member_lease WHERE lease_id OPERATOR(pg_catalog.=) $1",
+                    "DELETE FROM ONLY tsoracle.member_lease WHERE lease_id OPERATOR(pg_catalog.=) $1",
                     &[id.into()],
                 )
             });
@@ -208,7 +208,7 @@ impl Grants {
             // Left in the table if this fails: reloaded after a restart, they expire then.
             let _ = transaction(|| {
                 Spi::run_with_args(
-                    "DELETE FROM tsoracle.member_lease WHERE expires_at_ms OPERATOR(pg_catalog.<=) $1 \
+                    "DELETE FROM ONLY tsoracle.member_lease WHERE expires_at_ms OPERATOR(pg_catalog.<=) $1 \
                      AND expires_mono_ms OPERATOR(pg_catalog.<=) $2",
                     &[(now.wall_ms as i64).into(), (now.mono_ms as i64).into()],
                 )

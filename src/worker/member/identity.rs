@@ -61,7 +61,7 @@ impl Identity {
             "cannot keep this run in tsoracle.member_identity",
             || {
                 Spi::run(
-                    "UPDATE tsoracle.member_identity SET updated_at = pg_catalog.pg_postmaster_start_time()",
+                    "UPDATE ONLY tsoracle.member_identity SET updated_at = pg_catalog.pg_postmaster_start_time()",
                 )
             },
         )?;
@@ -102,7 +102,7 @@ impl Identity {
                 let mut prev = 0;
                 for row in client.select(
                     &format!(
-                        "SELECT member_id, timeline, {} FROM tsoracle.member_identity",
+                        "SELECT member_id, timeline, {} FROM ONLY tsoracle.member_identity",
                         micros("updated_at")
                     ),
                     None,

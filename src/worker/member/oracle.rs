@@ -12,9 +12,11 @@ pub(super) fn read() -> Result<OracleSeen, String> {
     sql_transaction("cannot read tsoracle.member_oracle", || {
         Spi::connect(|client| {
             let mut seen = OracleSeen::default();
-            for row in
-                client.select("SELECT system_id, epoch FROM tsoracle.member_oracle", None, &[])?
-            {
+            for row in client.select(
+                "SELECT system_id, epoch FROM ONLY tsoracle.member_oracle",
+                None,
+                &[],
+            )? {
                 seen = OracleSeen {
                     system_id: row.get::<i64>(1)?.unwrap_or(0) as u64,
                     epoch: u64::try_from(row.get::<i64>(2)?.unwrap_or(0)).unwrap_or(0),

@@ -39,7 +39,7 @@ pub(super) fn load() -> Option<OwnPast> {
                 }
                 let mut handed = Vec::new();
                 for row in client.select(
-                    "SELECT key, made, next FROM tsoracle.member_counter",
+                    "SELECT key, made, next FROM ONLY tsoracle.member_counter",
                     None,
                     &[],
                 )? {
