@@ -898,6 +898,10 @@ if want oracle && [ -n "$ORACLE_MEMBERS" ]; then
         sleep 0.2
     done
     [ "$ostate" = serving ] || { tail -n 30 "$WORK/oracle.log" >&2; die "the oracle is not serving ($ostate)"; }
+    # Each simulated member (pgbench client c says hello as cluster 1000000 + c) admitted for
+    # the bench's role, as a DBA admits a member (docs/operations/fleet/join.md).
+    "${OSQL[@]}" -c "SELECT count(*) FROM pg_catalog.generate_series(1000000, 1000000 + $most) AS id
+        WHERE tso_fleet_admit(id, 'bench_member')" >/dev/null || die "admitting the simulated members failed"
     OVER=$("${OSQL[@]}" -c "SELECT extversion FROM pg_extension WHERE extname = 'tsoracle'")
     OPM=$(head -n 1 "$ODATA/postmaster.pid")
     rec info oracle_load "load average before the section: $(cut -d' ' -f1-3 /proc/loadavg) on $(nproc) cores"
