@@ -295,6 +295,7 @@ fn a_statement_takes_its_values_in_few_round_trips_and_leaves_the_rest_a_gap() {
 fn a_member_cut_off_from_its_oracle_still_commits_for_its_standbys_and_pages_once() {
     let mut oracle = serving_node("stmt-beat-oracle", NodeOpts::new());
     admit_members(&oracle);
+    // The same oracle first serves a member held back by its own schema (about 4 s).
     a_member_whose_schema_is_not_ready_pages_not_serving(&oracle);
     let m = member("stmt-beat-member", &oracle_conninfo(&[oracle.port()], MEMBER_ROLE));
     let mut standby = Node::base_backup_from(&m, "stmt-beat-standby").expect("pg_basebackup");
