@@ -1,7 +1,7 @@
 //! Reading a row of one of tsoracle's tables out of a heap page, for the writes made in
 //! place: `tso_seq`'s advance of a counter of `tsoracle.seq` in the calling backend, and the
-//! worker's raise of the durable high-water in `tsoracle.high_water` (docs/sequences.md, "The
-//! in-place path"; docs/high-water.md).
+//! worker's raise of the durable high-water in `tsoracle.high_water` (docs/seq-in-place.md;
+//! docs/high-water.md).
 //!
 //! The caller holds the page's buffer locked exclusively and has the 8 kB page as bytes. This
 //! module decides, from the bytes alone, whether a line pointer holds the *live* version of

@@ -1,6 +1,5 @@
 //! `tso_seq`'s in-place path: the calling backend advances an existing counter itself, at
-//! the cost of one WAL flush, with no hand-off to the worker (docs/sequences.md, "The
-//! in-place path").
+//! the cost of one WAL flush, with no hand-off to the worker (docs/seq-in-place.md).
 //!
 //! Vocabulary. *In place*: `next` (and `updated_at`) are overwritten inside the live tuple
 //! of the key's row, under the page's exclusive buffer lock, each with one aligned 8-byte

@@ -72,8 +72,13 @@ impl Exporter {
     /// Start an exporter for database `postgres` of `node`, connecting as `user`; returns once
     /// it answers a scrape.
     pub fn start(name: &str, node: &Node, user: &str) -> Result<Exporter> {
+        Exporter::start_in(name, node, user, "postgres")
+    }
+
+    /// [`Exporter::start`] for database `dbname` of `node`.
+    pub fn start_in(name: &str, node: &Node, user: &str, dbname: &str) -> Result<Exporter> {
         let dsn = format!(
-            "host=127.0.0.1 port={} user={user} dbname=postgres sslmode=disable connect_timeout=5",
+            "host=127.0.0.1 port={} user={user} dbname={dbname} sslmode=disable connect_timeout=5",
             node.port()
         );
         Exporter::start_as(name, None, &dsn, |queries, port| {

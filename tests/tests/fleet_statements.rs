@@ -10,7 +10,9 @@
 //!   does work at commit (a deferred trigger) share its statement's;
 //! - errors pass through the statement hooks whole (constraint name, CONTEXT);
 //! - the member's `R` stays below the first value of a transaction whose statement reserved;
-//! - a member cut off from its oracle still commits, so its standbys do not page.
+//! - a member cut off from its oracle still commits, so its standbys do not page;
+//! - a member whose own schema is missing or outdated pages `TsoracleNotServing`, not
+//!   `TsoracleMemberDisconnected` (its oracle is not to blame).
 //!
 //! The values a statement takes are seen as they are taken through `RAISE NOTICE`, which a
 //! client receives before the statement ends.
@@ -25,7 +27,7 @@ use postgres::error::SqlState;
 use postgres::{Client, NoTls};
 use tsoracle_tests::alerts::record;
 use tsoracle_tests::exporter::Exporter;
-use tsoracle_tests::fleet::{admit_members, member, oracle_conninfo, MEMBER_ROLE};
+use tsoracle_tests::fleet::{admit_members, member, member_opts, oracle_conninfo, MEMBER_ROLE};
 use tsoracle_tests::{
     expect_sqlstate, ops, poll_until, serving_node, Got, History, Node, NodeOpts, SplitMix64,
     StopMode,
@@ -293,6 +295,8 @@ fn a_statement_takes_its_values_in_few_round_trips_and_leaves_the_rest_a_gap() {
 fn a_member_cut_off_from_its_oracle_still_commits_for_its_standbys_and_pages_once() {
     let mut oracle = serving_node("stmt-beat-oracle", NodeOpts::new());
     admit_members(&oracle);
+    // The same oracle first serves a member held back by its own schema (about 4 s).
+    a_member_whose_schema_is_not_ready_pages_not_serving(&oracle);
     let m = member("stmt-beat-member", &oracle_conninfo(&[oracle.port()], MEMBER_ROLE));
     let mut standby = Node::base_backup_from(&m, "stmt-beat-standby").expect("pg_basebackup");
     standby.start().expect("start the member's standby");
@@ -329,4 +333,49 @@ fn a_member_cut_off_from_its_oracle_still_commits_for_its_standbys_and_pages_onc
             .expect("scrape")
             .assert_firing(expected);
     }
+}
+
+/// A member whose own schema is not ready never connects (its worker waits for it first):
+/// `tso_member_status().last_error` names the missing step, and what its exporter reads pages
+/// `TsoracleNotServing` (`tso_status().state` says which step), not
+/// `TsoracleMemberDisconnected`, whose page is about the oracle (docs/operations/alerts.md).
+/// Each state is recorded from a real exporter and held for 8 minutes on promtool's clock:
+/// no `CREATE EXTENSION` in `tsoracle.database`, read there (no tsoracle series: only
+/// `TsoracleStatusMissing`) and from a database that has the extension
+/// (`waiting_for_extension`); the extension at 0.5.0, as after a new library before `ALTER
+/// EXTENSION tsoracle UPDATE` (`outdated_schema`, read through 0.5.0's functions); updated,
+/// nothing pages.
+fn a_member_whose_schema_is_not_ready_pages_not_serving(oracle: &Node) {
+    let conninfo = oracle_conninfo(&[oracle.port()], MEMBER_ROLE);
+    let m = Node::start_new("stmt-schema-member", member_opts(&conninfo)).expect("start member");
+    m.connect().batch_execute("CREATE DATABASE watch").expect("CREATE DATABASE");
+    let mut watch = m.try_connect_as("postgres", "watch", Duration::from_secs(10)).expect("watch");
+    watch.batch_execute("CREATE EXTENSION tsoracle").expect("CREATE EXTENSION in watch");
+    let pages = |dbname: &str, expected: &[&str]| {
+        let exporter = Exporter::start_in(&format!("schema-{dbname}"), &m, "postgres", dbname)
+            .expect("start the exporter");
+        record(&exporter, 2, Duration::from_millis(300), 4)
+            .expect("scrape")
+            .assert_firing(expected);
+    };
+    let waits_for = |c: &mut Client, state: &str, why: &str| {
+        poll_until(&format!("the member {state}"), Duration::from_secs(20), || {
+            let st: String = c.query_one("SELECT state FROM tso_status()", &[]).ok()?.get(0);
+            let last: Option<String> =
+                c.query_one("SELECT last_error FROM tso_member_status()", &[]).ok()?.get(0);
+            (st == state && last.as_deref().is_some_and(|l| l.contains(why))).then_some(())
+        })
+    };
+    waits_for(&mut watch, "waiting_for_extension", "CREATE EXTENSION tsoracle");
+    pages("postgres", &["TsoracleStatusMissing"]);
+    pages("watch", &["TsoracleNotServing"]);
+
+    let mut c = m.connect();
+    c.batch_execute("CREATE EXTENSION tsoracle VERSION '0.5.0'").expect("the 0.5.0 schema");
+    waits_for(&mut c, "outdated_schema", "ALTER EXTENSION tsoracle UPDATE");
+    pages("postgres", &["TsoracleNotServing"]);
+
+    c.batch_execute("ALTER EXTENSION tsoracle UPDATE").expect("ALTER EXTENSION UPDATE");
+    m.wait_serving().expect("the member serves once its schema is the library's");
+    pages("postgres", &[]);
 }

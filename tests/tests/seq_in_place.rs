@@ -1,4 +1,4 @@
-//! `tso_seq`'s in-place path (docs/sequences.md, "The in-place path"): a call on an existing
+//! `tso_seq`'s in-place path (docs/seq-in-place.md): a call on an existing
 //! key of the worker's database advances the counter itself, logs it with generic WAL and
 //! flushes it, without the worker. On real clusters:
 //!
@@ -466,7 +466,7 @@ fn over_older_extension_sql_every_call_goes_to_the_worker() {
 
 // ------------------------------------------------------------------------------------ 7
 
-/// The in-place path checks its preconditions on every call (docs/sequences.md): with the
+/// The in-place path checks its preconditions on every call (docs/seq-in-place.md): with the
 /// trigger `keep_what_was_issued` disabled, or enabled for origin sessions only, with an index
 /// on `next` or `updated_at`, a rule, a constraint or a policy of someone else's, with the table
 /// in a publication, every call goes to the worker
