@@ -538,7 +538,7 @@ gaps = [v for runs in busy.values() for v in runs.values()]
 if gaps:
     gaps.sort()
     p90 = gaps[min(len(gaps) - 1, int(0.9 * len(gaps)))]
-    w(f"noise   : foreign CPU (the machine's busy time minus this cluster's) in the 1 s gap after each run: "
+    w(f"noise   : foreign CPU (the machine's busy time minus this run's clusters') in the 1 s gap after each run: "
       f"median {statistics.median(gaps):.0f}%, 90th percentile {p90}%, max {gaps[-1]}% "
       f"({len(gaps)} gaps, {sum(1 for g in gaps if g > NOISY_BUSY)} above {NOISY_BUSY}%)")
 w(f"settings: {first('settings')}")
