@@ -949,9 +949,10 @@ class Bench:
         def set_rtt(rtt):
             link.stdin.write(f"{rtt / 2:g}\n")
             link.stdin.flush()
-            if not link.stdout.readline().startswith("ok "):
+            answer = link.stdout.readline().strip()
+            if not answer.startswith("ok "):
                 tail(log)
-                raise Die(f"{LINK} did not take a one-way delay of {rtt / 2:g} ms")
+                raise Die(f"{LINK} did not take a one-way delay of {rtt / 2:g} ms ({answer or 'no answer'})")
 
         conninfo = f"host=127.0.0.1 port={lport} user=postgres dbname=postgres"
         fport, fsql = self.start_member("member-far", self.bin, conninfo)

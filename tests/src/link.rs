@@ -20,7 +20,7 @@
 //!
 //! Dropping the [`Link`] closes the listener and every connection.
 
-use std::io::{Read, Write};
+use std::io::{BufRead, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
@@ -107,6 +107,28 @@ impl Link {
         self.shared.one_way_us.store(one_way.as_micros() as u64, Ordering::SeqCst);
     }
 
+    /// Take a new one-way latency (milliseconds, [`parse_one_way_ms`]) from each line of
+    /// `input` until it ends, and answer each line on `out`: `ok MS` once it is set, or
+    /// `error: WHY` (blank lines are skipped). What `tso-link` does with its standard input.
+    pub fn follow(&self, input: impl BufRead, mut out: impl Write) -> std::io::Result<()> {
+        for line in input.lines() {
+            let line = line?;
+            let ms = line.trim();
+            if ms.is_empty() {
+                continue;
+            }
+            match parse_one_way_ms(ms) {
+                Ok(d) => {
+                    self.set_one_way(d);
+                    writeln!(out, "ok {ms}")?;
+                }
+                Err(e) => writeln!(out, "error: {e}")?,
+            }
+            out.flush()?;
+        }
+        Ok(())
+    }
+
     /// Drop every open connection now (both its sockets shut down): how many there were.
     pub fn drop_all(&self) -> usize {
         let open = std::mem::take(&mut *lock(&self.shared.open));
@@ -159,6 +181,15 @@ impl Drop for Link {
         }
         self.drop_all();
     }
+}
+
+/// A one-way latency in milliseconds (a fraction allowed: `0.5`), 0 to one minute.
+pub fn parse_one_way_ms(ms: &str) -> Result<Duration, String> {
+    let v: f64 = ms.trim().parse().map_err(|_| format!("not a number of milliseconds: {ms:?}"))?;
+    if !(0.0..=60_000.0).contains(&v) {
+        return Err(format!("a one-way delay of {v} ms is outside 0 to 60000"));
+    }
+    Ok(Duration::from_secs_f64(v / 1000.0))
 }
 
 fn accept_loop(listener: TcpListener, target: SocketAddr, shared: Arc<Shared>) {
@@ -352,6 +383,33 @@ mod tests {
         link.set_one_way(Duration::ZERO);
         let rtt = round_trip(&mut s, b"pong");
         assert!(rtt < Duration::from_millis(40), "with no latency a round trip took {rtt:?}");
+    }
+
+    #[test]
+    fn each_line_of_its_input_sets_the_latency() {
+        let link = Link::start(echo_server(), Duration::ZERO).unwrap();
+        let mut answers = Vec::new();
+        link.follow("25\n\n abc\n70000\n-1\n".as_bytes(), &mut answers).unwrap();
+        let answers = String::from_utf8(answers).unwrap();
+        assert_eq!(
+            answers.lines().collect::<Vec<_>>(),
+            [
+                "ok 25",
+                "error: not a number of milliseconds: \"abc\"",
+                "error: a one-way delay of 70000 ms is outside 0 to 60000",
+                "error: a one-way delay of -1 ms is outside 0 to 60000",
+            ],
+        );
+        // 25 ms each way was kept (the refused lines changed nothing).
+        let mut s = connect(&link);
+        let rtt = round_trip(&mut s, b"slow");
+        assert!(rtt >= Duration::from_millis(50), "a round trip at 25 ms each way took {rtt:?}");
+        let mut answers = Vec::new();
+        link.follow("0.5\n".as_bytes(), &mut answers).unwrap();
+        assert_eq!(String::from_utf8(answers).unwrap(), "ok 0.5\n");
+        let rtt = round_trip(&mut s, b"fast");
+        assert!(rtt >= Duration::from_millis(1), "a round trip at 0.5 ms each way took {rtt:?}");
+        assert!(rtt < Duration::from_millis(40), "a round trip at 0.5 ms each way took {rtt:?}");
     }
 
     #[test]
