@@ -187,6 +187,11 @@ def want(section):
     return not ONLY or section in ONLY
 
 
+def words(xs):
+    """A list as the knobs spell it: "1 8 32"."""
+    return " ".join(f"{x:g}" if isinstance(x, float) else str(x) for x in xs)
+
+
 def fmt_ms(rtt):
     """A round trip in ms as a workload's name has it: 2.0 -> "2", 0.5 -> "0.5"."""
     return f"{rtt:g}"
@@ -674,7 +679,7 @@ class Bench:
         having once called tsoracle (pgbench -D done=0; each client's first transaction sets
         done)."""
         say(f"==> throughput: tso_next() vs SELECT 1 vs nextval('s') vs clock_timestamp() vs pg_backend_pid() "
-            f"(clients: {CLIENTS})")
+            f"(clients: {words(CLIENTS)})")
         for c in CLIENTS:
             self.run_pgbench("warmup", "select1", c, 0, secs=3)  # connections, caches, CPU frequency
             for r in range(1, THROUGHPUT_REPS + 1):
@@ -734,7 +739,7 @@ class Bench:
         if not self.seq_ok:
             say("==> tso_seq: not available, skipping its rows")
             return
-        say(f"==> tso_seq('k', 100) vs counter-table UPDATE ... RETURNING vs nextval('s100') (clients: {CLIENTS})")
+        say(f"==> tso_seq('k', 100) vs counter-table UPDATE ... RETURNING vs nextval('s100') (clients: {words(CLIENTS)})")
         for c in CLIENTS:
             for r in range(1, REPS + 1):
                 for w in rotated(r, ["tso_seq", "counter", "nextval100"]):
@@ -757,7 +762,7 @@ class Bench:
         ceiling. One client's per-transaction log gives the latency."""
         if not self.seq_ok or not CEIL_CLIENTS:
             return
-        say(f"==> tso_seq('k', 100) vs one-row INSERT commits (clients: {CEIL_CLIENTS})")
+        say(f"==> tso_seq('k', 100) vs one-row INSERT commits (clients: {words(CEIL_CLIENTS)})")
         self.ceiling_tables()
         for c in CEIL_CLIENTS:
             # Several keys at once (8 keys, each call one at random) from 8 clients up.
@@ -792,7 +797,7 @@ class Bench:
         and wal_level put back."""
         if not self.seq_ok or not SLOT_CLIENTS:
             return
-        say(f"==> with a {SLOT_PLUGIN} slot (clients: {SLOT_CLIENTS})")
+        say(f"==> with a {SLOT_PLUGIN} slot (clients: {words(SLOT_CLIENTS)})")
         self.restart_with("ALTER SYSTEM SET wal_level = logical")
         self.ceiling_tables()
         self.sql.must("CREATE TABLE IF NOT EXISTS bench_outbox (id bigint PRIMARY KEY, body text)",
@@ -833,7 +838,7 @@ class Bench:
         the oracle (SELECT 1 there). Then the member's write paths."""
         if not MEMBER_CLIENTS:
             return
-        say(f"==> a member of this cluster (clients: {MEMBER_CLIENTS})")
+        say(f"==> a member of this cluster (clients: {words(MEMBER_CLIENTS)})")
         conninfo = f"host={self.work} port={self.port} user=postgres dbname=postgres"
         mport, msql = self.start_member("member", self.bin, conninfo)
 
@@ -873,7 +878,7 @@ class Bench:
             self.member_tables(fsql, "the floor's member's table", clock=False)
             inserts.append("floor")
         say(f"==> member INSERT INTO t(v) VALUES ($1), ts DEFAULT tso_next() vs clock_timestamp()"
-            f"{' vs the hand-off floor' if FLOOR_SO else ''} (clients: {WRITE_CLIENTS})")
+            f"{' vs the hand-off floor' if FLOOR_SO else ''} (clients: {words(WRITE_CLIENTS)})")
         for c in WRITE_CLIENTS:
             for r in range(1, REPS + 1):
                 for x in rotated(r, inserts):
@@ -934,7 +939,7 @@ class Bench:
         in the same repetition, and one client's p50 beyond tps_0's run against the RTT."""
         if not DISTANCE_CLIENTS:
             return
-        say(f"==> a member a network away: round trips {DISTANCE_RTTS} ms, clients {DISTANCE_CLIENTS}")
+        say(f"==> a member a network away: round trips {words(DISTANCE_RTTS)} ms, clients {words(DISTANCE_CLIENTS)}")
         log = os.path.join(self.work, "link.log")
         with open(log, "w") as f:
             link = subprocess.Popen([LINK, "0", str(self.port), "0"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -958,7 +963,7 @@ class Bench:
         fport, fsql = self.start_member("member-far", self.bin, conninfo)
         self.member_tables(fsql, "the far member's tables")
         self.rec("info", "distance", f"a member of this cluster through {os.path.basename(LINK)} (tests/src/link.rs) "
-                 f"on loopback, half the round trip each way; one-row INSERTs: {DISTANCE_CLIENTS} clients, "
+                 f"on loopback, half the round trip each way; one-row INSERTs: {words(DISTANCE_CLIENTS)} clients, "
                  f"{REPS} repetitions, order rotated, TRUNCATE + CHECKPOINT before each run; one client's "
                  "SELECT tso_next() latency from per-transaction logs")
         for c in DISTANCE_CLIENTS:
@@ -1013,15 +1018,15 @@ class Bench:
 
         self.rec("info", "update_rows", UPDATE_ROWS)
         say(f"==> INSERT INTO t(v) VALUES ($1), ts DEFAULT tso_next() vs clock_timestamp() vs nextval('s_ts') "
-            f"(clients: {WRITE_CLIENTS})")
+            f"(clients: {words(WRITE_CLIENTS)})")
         for c in WRITE_CLIENTS:
             rows(c, ["ins_tso", "ins_clock", "ins_seq"])
         say(f"==> INSERT INTO t(v) VALUES ($1), id uuid PRIMARY KEY DEFAULT tso_next_uuid() vs gen_random_uuid()"
-            f"{' vs uuidv7()' if self.uuidv7 else ''} (clients: {WRITE_CLIENTS})")
+            f"{' vs uuidv7()' if self.uuidv7 else ''} (clients: {words(WRITE_CLIENTS)})")
         for c in WRITE_CLIENTS:
             rows(c, ["ins_uuid", "ins_rand"] + self.uuidv7)
         say(f"==> UPDATE ... SET version = tso_next() vs clock_timestamp() vs version + 1, random id of {UPDATE_ROWS} "
-            f"(clients: {WRITE_CLIENTS})")
+            f"(clients: {words(WRITE_CLIENTS)})")
         for c in WRITE_CLIENTS:
             rows(c, ["upd_tso", "upd_clock", "upd_inc"], "-D", f"rows={UPDATE_ROWS}")
         say(f"==> COPY t(v) FROM STDIN, {COPY_ROWS} rows, ts DEFAULT tso_next() vs clock_timestamp() vs "
@@ -1096,7 +1101,7 @@ class Bench:
         throughput from pgbench, p50/p99 from the logs (report.py)."""
         if not CURVE_CLIENTS:
             return
-        say(f"==> scaling curve: SELECT tso_next() and SELECT 1, clients: {CURVE_CLIENTS} "
+        say(f"==> scaling curve: SELECT tso_next() and SELECT 1, clients: {words(CURVE_CLIENTS)} "
             f"({CURVE_SECS} s runs, {CURVE_REPS} repetitions)")
         self.rec("info", "curve", f"pgbench -n -M prepared -T <{CURVE_SECS} + 1 per 64 clients, for connecting> "
                  f"-c <clients> -j <min(clients, {NPROC})> -f lat_<workload>.sql -l "
@@ -1131,7 +1136,7 @@ class Bench:
         odata = os.path.join(self.work, "oracle")
         olog = os.path.join(self.work, "oracle.log")
         oport = free_port()
-        say(f"==> an oracle of its own (port {oport}; members: {ORACLE_MEMBERS}; k: {ORACLE_K})")
+        say(f"==> an oracle of its own (port {oport}; members: {words(ORACLE_MEMBERS)}; k: {words(ORACLE_K)})")
         p = subprocess.run([os.path.join(ROOT, "scripts", "init-cluster.sh"), self.bin, odata, str(oport), self.work,
                             f"max_connections={most + 10}", "jit=off", f"tsoracle.max_members={most}"])
         if p.returncode != 0:
