@@ -169,9 +169,12 @@ package:
 test-package: package
 	scripts/test-package.sh target/packages $(PG_MAJORS)
 
+# The harness is scripts/bench/bench.py (its knobs at its top; report.py prints the report).
 # The member section's hand-off floor (BENCHMARKS.md, "A member of a fleet"): these sources
 # built with the feature handoff-floor (release, in a target directory of its own; never
 # installed), run as a second member in the same run. Skipped with BENCH_ONLY without member.
+# The distance section's link, tests/src/bin/tso-link.rs, release: skipped with BENCH_ONLY
+# without distance.
 FLOOR_TARGET ?= $(CURDIR)/target/floor
 bench: install
 	set -e; bin="$$(scripts/pg-install.sh $(PG_MAJOR))"; floor=""; \
@@ -179,7 +182,11 @@ bench: install
 		out=$$(CARGO_TARGET_DIR=$(FLOOR_TARGET) TSORACLE_FEATURES=handoff-floor scripts/build-ext.sh "$$bin/pg_config"); \
 		floor=$$(find "$$out" -name tsoracle.so -print -quit) ;; \
 	esac; \
-	BENCH_PG_BIN="$$bin" BENCH_FLOOR_SO="$$floor" scripts/bench.sh
+	case " $${BENCH_ONLY:-distance} " in *" distance "*) \
+		cargo build --release -p tsoracle-tests --bin tso-link ;; \
+	esac; \
+	BENCH_PG_BIN="$$bin" BENCH_FLOOR_SO="$$floor" BENCH_LINK="$(CURDIR)/target/release/tso-link" \
+		python3 scripts/bench/bench.py
 
 clean:
 	cargo clean

@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """Print how busy the machine's CPUs were, in %, over SECONDS, leaving out the benchmark's own
-cluster: the CPU time of the postmaster POSTMASTER_PID and of its children (backends, the
+clusters: the CPU time of each postmaster POSTMASTER_PID and of its children (backends, the
 tsoracle worker, checkpointer, WAL writer, ...) is subtracted from the machine's busy time, so
 what remains is what other tenants of the machine used (compiles, other tests).
 
-Usage: foreign_cpu.py SECONDS [POSTMASTER_PID]
+Usage: foreign_cpu.py SECONDS [POSTMASTER_PID ...]
 """
 import os
 import sys
@@ -19,10 +19,10 @@ def machine():
     return total, total - idle
 
 
-def cluster(pm):
-    """{pid: utime + stime} of the postmaster and its children, in clock ticks (as /proc/stat)."""
+def cluster(pms):
+    """{pid: utime + stime} of the postmasters and their children, in clock ticks (as /proc/stat)."""
     out = {}
-    if not pm:
+    if not pms:
         return out
     for name in os.listdir("/proc"):
         if not name.isdigit():
@@ -34,13 +34,13 @@ def cluster(pm):
             continue
         rest = stat[stat.rindex(")") + 2:].split()   # fields after "pid (comm)"
         ppid, utime, stime = int(rest[1]), int(rest[11]), int(rest[12])
-        if int(name) == pm or ppid == pm:
+        if int(name) in pms or ppid in pms:
             out[int(name)] = utime + stime
     return out
 
 
 secs = float(sys.argv[1])
-pm = int(sys.argv[2]) if len(sys.argv) > 2 and sys.argv[2].isdigit() else 0
+pm = {int(a) for a in sys.argv[2:] if a.isdigit()}
 t0, b0 = machine()
 c0 = cluster(pm)
 time.sleep(secs)

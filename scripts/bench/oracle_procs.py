@@ -1,4 +1,4 @@
-"""The oracle's processes as make bench's oracle section measures them (scripts/bench.sh).
+"""The oracle's processes as make bench's oracle section measures them (scripts/bench/bench.py).
 
 oracle_procs.py POSTMASTER_PID cpu: the CPU time of every child of that postmaster, in
 microseconds, summed (/proc/PID/schedstat: per-process utime and stime come in whole 10 ms

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Turn the results.tsv written by scripts/bench.sh into the benchmark report.
+"""Turn the results.tsv written by scripts/bench/bench.py (make bench) into the benchmark report.
 
 Rows of results.tsv (tab-separated):
   info    KEY VALUE
@@ -376,6 +376,41 @@ for c in sorted({c for (w, c) in tps if w == "mem_ins_floor"}):
     tps_row("hand-off floor's member INSERT", "mem_ins_floor", "member ts DEFAULT clock_timestamp()",
             "mem_ins_clock", c)
 
+# 4d. a member a network away: one-row INSERTs through a link of RTT ms against the distance
+# floor c / (c / tps_0 + RTT), tps_0 the same member through the same link with no delay in
+# the same repetition (the rate if distance cost each statement one round trip and nothing
+# else); tps_0 against DEFAULT clock_timestamp(); one client's added p50 against the RTT.
+far_rtts = sorted({float(w[len("far_ins_rtt"):]) for (w, c) in tps if w.startswith("far_ins_rtt")})
+for c in sorted({c for (w, c) in tps if w.startswith("far_ins_rtt")}):
+    tps0 = tps.get(("far_ins_rtt0", c), {})
+    for rtt in far_rtts:
+        if rtt == 0:
+            continue
+        cand = tps.get((f"far_ins_rtt{rtt:g}", c), {})
+        floor = {rep: c / (c / t0 + rtt / 1000.0) for rep, t0 in tps0.items() if t0}
+        r = paired_ratio(cand, floor)
+        row = [f"member INSERT, ts DEFAULT tso_next(), {rtt:g} ms RTT", c, fmt_tps(med(cand.values())),
+               f"distance floor c / (c / tps_0 + {rtt:g} ms)", fmt_tps(med(floor.values())), fmt_spread(cand, floor)]
+        if c < 8:
+            rows.append(row + ["report", "-"])
+        else:
+            flag(row + [">= 0.90", verdict(None if r is None else r >= 0.90)],
+                 noisy(cand, tps0, busy_keys=[(f"far_ins_rtt{rtt:g}", c), ("far_ins_rtt0", c)]))
+    tps_row("member INSERT, ts DEFAULT tso_next(), through the link at 0 ms (tps_0)", "far_ins_rtt0",
+            "member ts DEFAULT clock_timestamp()", "far_ins_clock", c)
+far_lat = {float(w[len("far_lat_rtt"):]): {rep: v["p50"] for rep, pre in reps.items() if (v := percentiles(pre))}
+           for (w, c), reps in lat.items() if w.startswith("far_lat_rtt") and c == 1}
+for rtt in sorted(far_lat):
+    if rtt == 0 or 0.0 not in far_lat:
+        continue
+    added = {rep: v - far_lat[0.0][rep] for rep, v in far_lat[rtt].items() if rep in far_lat[0.0]}
+    nominal = {rep: rtt for rep in added}
+    r = paired_ratio(added, nominal)
+    flag([f"one client's added p50, member SELECT tso_next(), {rtt:g} ms RTT", 1, fmt_lat(med(added.values())),
+          "the RTT (p50 at 0 ms RTT taken off)", fmt_lat(rtt), fmt_spread(added, nominal), "<= 1.10",
+          verdict(None if r is None else r <= 1.10)],
+         noisy(busy_keys=[(f"far_lat_rtt{rtt:g}", 1), ("far_lat_rtt0", 1)]))
+
 
 def copy_rate(wl):
     """rows/s of each COPY run of a workload: {rep: rows per second}."""
@@ -503,7 +538,7 @@ gaps = [v for runs in busy.values() for v in runs.values()]
 if gaps:
     gaps.sort()
     p90 = gaps[min(len(gaps) - 1, int(0.9 * len(gaps)))]
-    w(f"noise   : foreign CPU (the machine's busy time minus this cluster's) in the 1 s gap after each run: "
+    w(f"noise   : foreign CPU (the machine's busy time minus this run's clusters') in the 1 s gap after each run: "
       f"median {statistics.median(gaps):.0f}%, 90th percentile {p90}%, max {gaps[-1]}% "
       f"({len(gaps)} gaps, {sum(1 for g in gaps if g > NOISY_BUSY)} above {NOISY_BUSY}%)")
 w(f"settings: {first('settings')}")
@@ -520,6 +555,8 @@ if write_clients:
       "(UPDATE) + CHECKPOINT before each run")
 if curve:
     w(f"curve   : {first('curve')}")
+if "distance" in info:
+    w(f"distance: {first('distance')}; the far member's proxy connected {first('distance_connects')} time(s)")
 w("")
 
 headers = ["workload", "clients", "result", "baseline", "baseline result", "ratio", "target", "verdict"]

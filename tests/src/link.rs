@@ -20,7 +20,7 @@
 //!
 //! Dropping the [`Link`] closes the listener and every connection.
 
-use std::io::{Read, Write};
+use std::io::{BufRead, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
@@ -79,7 +79,13 @@ pub struct Link {
 impl Link {
     /// Listen on a free loopback port; forward to `127.0.0.1:target`, `one_way` each way.
     pub fn start(target: u16, one_way: Duration) -> std::io::Result<Link> {
-        let listener = TcpListener::bind("127.0.0.1:0")?;
+        Link::start_on(0, target, one_way)
+    }
+
+    /// Listen on loopback port `listen` (0: a free one); forward to `127.0.0.1:target`,
+    /// `one_way` each way.
+    pub fn start_on(listen: u16, target: u16, one_way: Duration) -> std::io::Result<Link> {
+        let listener = TcpListener::bind(("127.0.0.1", listen))?;
         let port = listener.local_addr()?.port();
         let shared = Arc::new(Shared::default());
         shared.one_way_us.store(one_way.as_micros() as u64, Ordering::SeqCst);
@@ -99,6 +105,28 @@ impl Link {
     /// The latency each way, for the chunks read from now on.
     pub fn set_one_way(&self, one_way: Duration) {
         self.shared.one_way_us.store(one_way.as_micros() as u64, Ordering::SeqCst);
+    }
+
+    /// Take a new one-way latency (milliseconds, [`parse_one_way_ms`]) from each line of
+    /// `input` until it ends, and answer each line on `out`: `ok MS` once it is set, or
+    /// `error: WHY` (blank lines are skipped). What `tso-link` does with its standard input.
+    pub fn follow(&self, input: impl BufRead, mut out: impl Write) -> std::io::Result<()> {
+        for line in input.lines() {
+            let line = line?;
+            let ms = line.trim();
+            if ms.is_empty() {
+                continue;
+            }
+            match parse_one_way_ms(ms) {
+                Ok(d) => {
+                    self.set_one_way(d);
+                    writeln!(out, "ok {ms}")?;
+                }
+                Err(e) => writeln!(out, "error: {e}")?,
+            }
+            out.flush()?;
+        }
+        Ok(())
     }
 
     /// Drop every open connection now (both its sockets shut down): how many there were.
@@ -153,6 +181,15 @@ impl Drop for Link {
         }
         self.drop_all();
     }
+}
+
+/// A one-way latency in milliseconds (a fraction allowed: `0.5`), 0 to one minute.
+pub fn parse_one_way_ms(ms: &str) -> Result<Duration, String> {
+    let v: f64 = ms.trim().parse().map_err(|_| format!("not a number of milliseconds: {ms:?}"))?;
+    if !(0.0..=60_000.0).contains(&v) {
+        return Err(format!("a one-way delay of {v} ms is outside 0 to 60000"));
+    }
+    Ok(Duration::from_secs_f64(v / 1000.0))
 }
 
 fn accept_loop(listener: TcpListener, target: SocketAddr, shared: Arc<Shared>) {
@@ -233,10 +270,20 @@ fn direction(
         }
     });
     let _ = thread::Builder::new().name(format!("link-write-{id}")).spawn(move || {
+        precise_sleeps();
         if !write_due(&rx, to, &shared) || ends.fetch_add(1, Ordering::SeqCst) == 1 {
             shared.close(id);
         }
     });
+}
+
+/// Let this thread's sleeps end when they are due: Linux lets a sleep overrun by the thread's
+/// timer slack (50 µs by default) to batch wake-ups, which would add a tenth of a millisecond
+/// to each direction of a round trip, on top of the latency asked for.
+fn precise_sleeps() {
+    // SAFETY: PR_SET_TIMERSLACK takes an integer and changes only this thread's timer slack;
+    // no memory is passed.
+    let _ = unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong, 0, 0, 0) };
 }
 
 /// Write the chunks of `rx` to `to` as they fall due: false when a write failed or the link
@@ -336,6 +383,33 @@ mod tests {
         link.set_one_way(Duration::ZERO);
         let rtt = round_trip(&mut s, b"pong");
         assert!(rtt < Duration::from_millis(40), "with no latency a round trip took {rtt:?}");
+    }
+
+    #[test]
+    fn each_line_of_its_input_sets_the_latency() {
+        let link = Link::start(echo_server(), Duration::ZERO).unwrap();
+        let mut answers = Vec::new();
+        link.follow("25\n\n abc\n70000\n-1\n".as_bytes(), &mut answers).unwrap();
+        let answers = String::from_utf8(answers).unwrap();
+        assert_eq!(
+            answers.lines().collect::<Vec<_>>(),
+            [
+                "ok 25",
+                "error: not a number of milliseconds: \"abc\"",
+                "error: a one-way delay of 70000 ms is outside 0 to 60000",
+                "error: a one-way delay of -1 ms is outside 0 to 60000",
+            ],
+        );
+        // 25 ms each way was kept (the refused lines changed nothing).
+        let mut s = connect(&link);
+        let rtt = round_trip(&mut s, b"slow");
+        assert!(rtt >= Duration::from_millis(50), "a round trip at 25 ms each way took {rtt:?}");
+        let mut answers = Vec::new();
+        link.follow("0.5\n".as_bytes(), &mut answers).unwrap();
+        assert_eq!(String::from_utf8(answers).unwrap(), "ok 0.5\n");
+        let rtt = round_trip(&mut s, b"fast");
+        assert!(rtt >= Duration::from_millis(1), "a round trip at 0.5 ms each way took {rtt:?}");
+        assert!(rtt < Duration::from_millis(40), "a round trip at 0.5 ms each way took {rtt:?}");
     }
 
     #[test]
