@@ -337,9 +337,10 @@ pub const TAKE_BACK_STEPS: &[(u32, &str)] = &[(1, "sh"), (2, "sh"), (3, "sh"), (
 pub const SWITCHOVER_STEPS: &[(u32, &str)] = &[(1, "sh"), (2, "sh"), (3, "sh")];
 /// Uninstalling a standalone cluster (uninstalling.md): driven by `tests/tests/drops.rs`.
 pub const UNINSTALL_STEPS: &[(u32, &str)] = &[(1, "sql")];
-/// `pg_upgrade` of the oracle (pg-upgrade.md): driven by `tests/tests/upgrade_fleet.rs` (`make
-/// test-upgrade`, which has both majors), checked against drift with the others.
-pub const PG_UPGRADE_ORACLE_STEPS: &[(u32, &str)] = &[(3, "sh")];
+/// `pg_upgrade` of the oracle (pg-upgrade.md): its synchronous standby rebuilt, the wait until
+/// it serves, the successor named on each member; driven by `tests/tests/upgrade_fleet.rs`
+/// (`make test-upgrade`, which has both majors), checked against drift with the others.
+pub const PG_UPGRADE_ORACLE_STEPS: &[(u32, &str)] = &[(2, "sh"), (3, "sh"), (4, "sh")];
 /// A minor upgrade of a fleet, one cluster at a time (member-upgrade.md): driven by
 /// `tests/tests/upgrade_rolling.rs` (`make test-upgrade`, which builds the previous release).
 pub const MINOR_UPGRADE_STEPS: &[(u32, &str)] = &[(3, "sh")];
