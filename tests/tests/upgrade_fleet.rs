@@ -34,7 +34,7 @@ use tsoracle_tests::fleet_load::{
 use tsoracle_tests::node::pg_bin_dir;
 use tsoracle_tests::runbook::{run_sh, run_sh_as_server, Runbook, PG_UPGRADE_ORACLE_STEPS};
 use tsoracle_tests::{
-    pg_error_string, serving_node, tso, DenseHistory, History, Node, NodeOpts, StopMode,
+    pg_error_string, poll_until, serving_node, tso, DenseHistory, History, Node, NodeOpts, StopMode,
 };
 
 fn old_bin() -> PathBuf {
@@ -104,7 +104,17 @@ fn pg_upgrade_of_the_oracle_with_members_attached_by_the_runbook() {
     let new_oracle = upgrade(&mut oracle, "upf-oracle-18");
     let mut c = new_oracle.connect();
     // Its fence's commit waits for a synchronous standby it does not have yet.
-    std::thread::sleep(Duration::from_secs(3));
+    poll_until("the worker waits for a synchronous standby", Duration::from_secs(30), || {
+        let waiting: i64 = c
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity \
+                  WHERE backend_type = 'tsoracle worker' AND wait_event = 'SyncRep'",
+                &[],
+            )
+            .expect("pg_stat_activity")
+            .get(0);
+        (waiting == 1).then_some(())
+    });
     let state: String =
         c.query_one("SELECT state FROM tso_status()", &[]).expect("tso_status()").get(0);
     assert_ne!(state, "serving", "the upgraded oracle served before its synchronous standby");
