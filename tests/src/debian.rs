@@ -14,10 +14,16 @@
 //!   is on it: a page that types `pg_ctl` fails, as on Debian.
 //! * **`pg_ctlcluster`** ([`DebianCluster`]): a test's node registered as `<major> <name>`
 //!   in a configuration root of its own (`PG_CLUSTER_CONF_ROOT`, postgresql-common's variable
-//!   for clusters outside /etc/postgresql): `<root>/<major>/<name>` is a link to the node's
-//!   data directory, a layout postgresql-common reads (the data directory, its
-//!   `postgresql.conf` in it). `/usr/bin/pg_ctlcluster` itself runs, as root, and drops to
-//!   the cluster's owner as it does on Debian.
+//!   for clusters outside /etc/postgresql): `<root>/<major>/<name>/postgresql.conf` names the
+//!   node's data directory, client authentication and an external pid file in the node's
+//!   directory, and includes the node's own `postgresql.conf`; `log` links to its server log.
+//!   `<name>` is the node's directory's (a name no cluster of the machine has: `pg_ctlcluster
+//!   stop` deletes `/var/run/postgresql/<major>-<name>.pid`). `/usr/bin/pg_ctlcluster` itself
+//!   runs, as root, and drops to the cluster's owner as it does on Debian. The tests use its
+//!   `stop` only: its `start` (and `restart`) checks the server with Debian's `psql` of the
+//!   cluster's major (/usr/lib/postgresql/<major>/bin, absent here for 18, which
+//!   `make test-upgrade` runs on) and finds a running server by its Unix socket (the harness's
+//!   servers have none), and the postmaster it leaves is no child of the test's.
 
 use std::ffi::OsString;
 use std::fs;
@@ -63,27 +69,30 @@ pub fn client_path(bin: &Path) -> crate::Result<OsString> {
     if debian_bin(major).join("psql").exists() {
         return Ok(DEBIAN_PATH.into());
     }
-    static MADE: OnceLock<Mutex<Vec<(PathBuf, PathBuf)>>> = OnceLock::new();
-    let mut made = MADE.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
-    let dir = match made.iter().find(|(b, _)| b == bin) {
-        Some((_, dir)) => dir.clone(),
-        None => {
-            let dir = wrapped_clients(bin, made.len())?;
-            made.push((bin.to_path_buf(), dir.clone()));
-            dir
-        }
-    };
-    let mut path = dir.into_os_string();
+    static MADE: OnceLock<Mutex<()>> = OnceLock::new();
+    let _one = MADE.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
+    let mut path = wrapped_clients(bin, major)?.into_os_string();
     path.push(":");
     path.push(DEBIAN_PATH);
     Ok(path)
 }
 
 /// A directory (readable by the servers' OS user) with a link, for each program of /usr/bin
-/// that is postgresql-common's `pg_wrapper`, to that program in `bin`.
-fn wrapped_clients(bin: &Path, n: usize) -> crate::Result<PathBuf> {
+/// that is postgresql-common's `pg_wrapper`, to that program in `bin`: made once for `bin`
+/// (named after its path), then shared by every test process.
+fn wrapped_clients(bin: &Path, major: u32) -> crate::Result<PathBuf> {
     let err = |what: String, e: std::io::Error| HarnessError::io(what, e);
-    let dir = std::env::temp_dir().join(format!("tsoracle-pg-wrapper-{}-{n}", std::process::id()));
+    // FNV-1a of the path: one directory per installation.
+    let key =
+        bin.as_os_str().as_encoded_bytes().iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
+        });
+    let made = std::env::temp_dir().join(format!("tsoracle-pg-wrapper-{major}-{key:016x}"));
+    if made.join("psql").exists() {
+        return Ok(made);
+    }
+    // Made apart, then renamed into place: another process may be making it too.
+    let dir = made.with_extension(std::process::id().to_string());
     let _ = fs::remove_dir_all(&dir);
     fs::create_dir(&dir).map_err(|e| err(format!("create {}", dir.display()), e))?;
     fs::set_permissions(&dir, fs::Permissions::from_mode(0o755))
@@ -100,12 +109,22 @@ fn wrapped_clients(bin: &Path, n: usize) -> crate::Result<PathBuf> {
             linked += 1;
         }
     }
-    if linked == 0 {
-        return Err(HarnessError::Other(
-            "no pg_wrapper in /usr/bin (install postgresql-common)".into(),
-        ));
+    if linked == 0 || !dir.join("psql").exists() {
+        let _ = fs::remove_dir_all(&dir);
+        return Err(HarnessError::Other(format!(
+            "no pg_wrapper for psql in /usr/bin, or no psql in {} (install postgresql-common)",
+            bin.display()
+        )));
     }
-    Ok(dir)
+    if fs::rename(&dir, &made).is_err() {
+        // Made by another process meanwhile.
+        let _ = fs::remove_dir_all(&dir);
+    }
+    if made.join("psql").exists() {
+        Ok(made)
+    } else {
+        Err(HarnessError::Other(format!("{}: no psql", made.display())))
+    }
 }
 
 /// A node registered for postgresql-common's `pg_ctlcluster` (see the module documentation);
@@ -117,20 +136,38 @@ pub struct DebianCluster {
 }
 
 impl DebianCluster {
-    /// `node` as the cluster `<its major> <name>`, in a configuration root of its own.
-    pub fn register(node: &Node, name: &str) -> crate::Result<DebianCluster> {
+    /// `node` as the cluster `<its major> <its directory's name>`, in a configuration root of
+    /// its own.
+    pub fn register(node: &Node) -> crate::Result<DebianCluster> {
         let err = |what: String, e: std::io::Error| HarnessError::io(what, e);
         let major = major_of(node.bin_dir())?;
+        let name = node
+            .basedir()
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .ok_or_else(|| HarnessError::Other("a node directory without a name".into()))?;
         let root = node.basedir().with_extension("pg-cluster-conf");
-        let dir = root.join(major.to_string());
+        let dir = root.join(major.to_string()).join(&name);
         fs::create_dir_all(&dir).map_err(|e| err(format!("create {}", dir.display()), e))?;
-        for d in [&root, &dir] {
-            fs::set_permissions(d, fs::Permissions::from_mode(0o755))
+        for d in [root.clone(), root.join(major.to_string()), dir.clone()] {
+            fs::set_permissions(&d, fs::Permissions::from_mode(0o755))
                 .map_err(|e| err(format!("chmod {}", d.display()), e))?;
         }
-        symlink(node.datadir(), dir.join(name))
-            .map_err(|e| err(format!("link {}/{name}", dir.display()), e))?;
-        Ok(DebianCluster { root, major, name: name.to_string() })
+        let data = node.datadir().display();
+        let conf = format!(
+            "# /etc/postgresql/{major}/{name}/postgresql.conf, for a test's node\n\
+             data_directory = '{data}'\n\
+             hba_file = '{data}/pg_hba.conf'\n\
+             ident_file = '{data}/pg_ident.conf'\n\
+             external_pid_file = '{}/external.pid'\n\
+             include '{data}/postgresql.conf'\n",
+            node.basedir().display()
+        );
+        let path = dir.join("postgresql.conf");
+        fs::write(&path, conf).map_err(|e| err(format!("write {}", path.display()), e))?;
+        symlink(node.log_path(), dir.join("log"))
+            .map_err(|e| err(format!("link {}/log", dir.display()), e))?;
+        Ok(DebianCluster { root, major, name })
     }
 
     /// The variable that points postgresql-common at this registration.

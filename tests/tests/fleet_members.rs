@@ -570,7 +570,7 @@ fn a_member_whose_identity_a_promoted_copy_captured_takes_it_back_by_the_runbook
     let speaking = run_step(book.step(1), &oracle, &v);
     assert!(speaking.contains(&id.to_string()), "{speaking}");
     // Step 2, as root on the copy's host: Debian's pg_ctlcluster, the copy registered for it.
-    let registered = DebianCluster::register(&copy, "main").expect("register the copy");
+    let registered = DebianCluster::register(&copy).expect("register the copy");
     v.push(registered.var());
     run_step(&registered.typed(book.step(2), "pg_ctlcluster 15 main", &copy), &copy, &v);
     poll_until("the copy stopped", Duration::from_secs(30), || (!copy.is_running()).then_some(()));
