@@ -195,3 +195,49 @@ impl Drop for DebianCluster {
         let _ = fs::remove_dir_all(&self.root);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `command -v NAME` in a shell with `path`: where it resolves, if anywhere.
+    fn resolve(path: &OsString, name: &str) -> Option<String> {
+        let out = Command::new("/bin/bash")
+            .arg("-c")
+            .arg(format!("command -v {name}"))
+            .env_clear()
+            .env("PATH", path)
+            .output()
+            .expect("bash");
+        out.status.success().then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+    }
+
+    #[test]
+    fn a_page_finds_the_majors_clients_and_no_server_program() {
+        if !Path::new("/usr/bin/psql").exists() {
+            eprintln!("skipped: no postgresql-common here");
+            return;
+        }
+        // An installation of a major Debian's packages do not install here.
+        let bin = std::env::temp_dir().join(format!("tsoracle-fake-bin-{}", std::process::id()));
+        fs::create_dir_all(&bin).unwrap();
+        fs::write(bin.join("pg_config"), "#!/bin/sh\necho 'PostgreSQL 99.1'\n").unwrap();
+        for p in ["psql", "pg_dump", "pg_ctl", "postgres", "initdb"] {
+            fs::write(bin.join(p), "").unwrap();
+        }
+        for p in ["pg_config", "psql", "pg_dump", "pg_ctl", "postgres", "initdb"] {
+            fs::set_permissions(bin.join(p), fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        let path = client_path(&bin).unwrap();
+        let psql = resolve(&path, "psql").expect("psql on the PATH");
+        assert_eq!(fs::canonicalize(&psql).unwrap(), fs::canonicalize(bin.join("psql")).unwrap());
+        assert!(resolve(&path, "pg_dump").is_some());
+        for server in ["pg_ctl", "postgres", "initdb"] {
+            assert_eq!(resolve(&path, server), None, "{server} is on the PATH {path:?}");
+        }
+        assert!(resolve(&path, "pg_ctlcluster").is_some(), "postgresql-common's pg_ctlcluster");
+        let dir = std::env::split_paths(&path).next().unwrap();
+        let _ = fs::remove_dir_all(&dir);
+        let _ = fs::remove_dir_all(&bin);
+    }
+}
