@@ -33,6 +33,7 @@
 pub mod alerts;
 pub mod backup;
 pub mod cluster;
+pub mod debian;
 pub mod decoding;
 pub mod error;
 pub mod exporter;

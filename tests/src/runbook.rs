@@ -17,7 +17,9 @@
 //! (the fence's indentation removed); [`Runbook::expect_steps`] checks that a runbook has
 //! exactly the blocks a test drives, in order, so a block added, dropped, moved to another
 //! step or changed to another language on the page fails the test. `sh` blocks run with
-//! `bash -euo pipefail` ([`run_sh`]) and the variables `$CLUSTER`, `$ORACLE`, `$OLD`, `$MEMBER` (and a page's own,
+//! `bash -euo pipefail` ([`run_sh`]), as root (or, where a page says so, as the servers' OS
+//! user), with Debian's `PATH` ([`crate::debian`]: `psql` is postgresql-common's `pg_wrapper`,
+//! `pg_ctl` is not on it) and the variables `$CLUSTER`, `$ORACLE`, `$OLD`, `$MEMBER` (and a page's own,
 //! such as `$MEMBER_ID`) in their environment, set by the test; `sql` blocks run with `psql -f`
 //! ([`run_sql`]); `ini` blocks are `name = 'value'`
 //! settings for a cluster's configuration file ([`settings`]); an `sh` block of `NAME="value"`
@@ -193,9 +195,9 @@ impl Runbook {
     }
 }
 
-/// Run an `sh` block as written, with `bash -euo pipefail`, the binaries of `bin` (psql) first
-/// on the PATH and `vars` (`CLUSTER`, `ORACLE`, `OLD`) in its environment; its standard
-/// output, or an error with its standard error.
+/// Run an `sh` block as written, with `bash -euo pipefail`, Debian's PATH for a cluster whose
+/// binaries are `bin` ([`crate::debian::client_path`]) and `vars` (`CLUSTER`, `ORACLE`, `OLD`)
+/// in its environment; its standard output, or an error with its standard error.
 pub fn run_sh(block: &Block, bin: &Path, vars: &[(&str, String)]) -> crate::Result<String> {
     run_sh_in(block, bin, vars, None)
 }
@@ -207,7 +209,7 @@ pub fn run_sh_in(
     vars: &[(&str, String)],
     dir: Option<&Path>,
 ) -> crate::Result<String> {
-    let mut cmd = sh_command(block, bin, vars);
+    let mut cmd = sh_command(block, bin, vars)?;
     if let Some(dir) = dir {
         cmd.current_dir(dir);
     }
@@ -224,24 +226,21 @@ pub fn run_sh_as_server(
 ) -> crate::Result<String> {
     use std::os::unix::process::CommandExt;
     let (uid, gid) = crate::node::pg_user()?;
-    let mut cmd = sh_command(block, node.bin_dir(), vars);
+    let mut cmd = sh_command(block, node.bin_dir(), vars)?;
     cmd.uid(uid).gid(gid).current_dir(node.basedir()).env("HOME", node.basedir());
     run_cmd(cmd, Duration::from_secs(120))
 }
 
-fn sh_command(block: &Block, bin: &Path, vars: &[(&str, String)]) -> Command {
+fn sh_command(block: &Block, bin: &Path, vars: &[(&str, String)]) -> crate::Result<Command> {
     assert_eq!(block.lang, "sh", "runbook {} step {}: not an sh block", block.runbook, block.step);
-    let mut cmd = Command::new("bash");
+    let mut cmd = Command::new("/bin/bash");
     cmd.arg("-euo").arg("pipefail").arg("-c").arg(&block.text);
     scrub_env(&mut cmd);
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    let mut paths = vec![bin.to_path_buf()];
-    paths.extend(std::env::split_paths(&path));
-    cmd.env("PATH", std::env::join_paths(paths).expect("PATH"));
+    cmd.env("PATH", crate::debian::client_path(bin)?);
     for (k, v) in vars {
         cmd.env(k, v);
     }
-    cmd
+    Ok(cmd)
 }
 
 impl Block {
@@ -337,9 +336,10 @@ pub const TAKE_BACK_STEPS: &[(u32, &str)] = &[(1, "sh"), (2, "sh"), (3, "sh"), (
 pub const SWITCHOVER_STEPS: &[(u32, &str)] = &[(1, "sh"), (2, "sh"), (3, "sh")];
 /// Uninstalling a standalone cluster (uninstalling.md): driven by `tests/tests/drops.rs`.
 pub const UNINSTALL_STEPS: &[(u32, &str)] = &[(1, "sql")];
-/// `pg_upgrade` of the oracle (pg-upgrade.md): driven by `tests/tests/upgrade_fleet.rs` (`make
-/// test-upgrade`, which has both majors), checked against drift with the others.
-pub const PG_UPGRADE_ORACLE_STEPS: &[(u32, &str)] = &[(3, "sh")];
+/// `pg_upgrade` of the oracle (pg-upgrade.md): its synchronous standby rebuilt, the wait until
+/// it serves, the successor named on each member; driven by `tests/tests/upgrade_fleet.rs`
+/// (`make test-upgrade`, which has both majors), checked against drift with the others.
+pub const PG_UPGRADE_ORACLE_STEPS: &[(u32, &str)] = &[(2, "sh"), (3, "sh"), (4, "sh")];
 /// A minor upgrade of a fleet, one cluster at a time (member-upgrade.md): driven by
 /// `tests/tests/upgrade_rolling.rs` (`make test-upgrade`, which builds the previous release).
 pub const MINOR_UPGRADE_STEPS: &[(u32, &str)] = &[(3, "sh")];

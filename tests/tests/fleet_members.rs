@@ -39,6 +39,7 @@ use std::time::{Duration, Instant};
 
 use postgres::error::SqlState;
 use tsoracle_tests::cluster::{make_sync, promote, wait_replayed};
+use tsoracle_tests::debian::DebianCluster;
 use tsoracle_tests::fleet::{
     admit_members, copy_between, member, member_opts, oracle_conninfo, MEMBER_ROLE,
 };
@@ -566,13 +567,13 @@ fn a_member_whose_identity_a_promoted_copy_captured_takes_it_back_by_the_runbook
         .get(0);
     let mut v = vars(&[("ORACLE", &oracle), ("MEMBER", &m)]);
     v.push(("MEMBER_ID", id.to_string()));
-    v.push(("COPY_PGDATA", copy.datadir().display().to_string()));
     let speaking = run_step(book.step(1), &oracle, &v);
     assert!(speaking.contains(&id.to_string()), "{speaking}");
-    // Step 2 is a `pg_ctl stop`, which refuses to run as root (as these tests may): the
-    // harness stops the copy the same way.
-    assert!(book.step(2).text.contains("pg_ctl stop -D \"$COPY_PGDATA\" -m fast"));
-    copy.stop(StopMode::Fast).expect("stop the copy for good");
+    // Step 2, as root on the copy's host: Debian's pg_ctlcluster, the copy registered for it.
+    let registered = DebianCluster::register(&copy).expect("register the copy");
+    v.push(registered.var());
+    run_step(&registered.typed(book.step(2), "pg_ctlcluster 15 main", &copy), &copy, &v);
+    poll_until("the copy stopped", Duration::from_secs(30), || (!copy.is_running()).then_some(()));
     poll_until("the member is served again", Duration::from_secs(30), || {
         (run_step(book.step(3), &m, &v).trim() == "t").then_some(())
     });

@@ -1,8 +1,11 @@
 //! `pg_upgrade` of a fleet's clusters (docs/operations/fleet/pg-upgrade.md), under load.
 //!
-//! - The oracle, on the old major with two members attached (on the new major), is upgraded
-//!   with `pg_upgrade` and started where the members look for it. Its new system identifier
-//!   is refused by every member until the page's step names it (`tsoracle.oracle_successor`,
+//! - The oracle, on the old major with a synchronous standby and two members attached (on the
+//!   new major), is upgraded with `pg_upgrade`, `synchronous_standby_names` carried over, and
+//!   started where the members look for it. It serves nothing (its fence waits for a
+//!   synchronous standby) until the page's step 2 rebuilds the standby from it; step 3 waits
+//!   until it serves with synchronous replication. Its new system identifier
+//!   is refused by every member until the page's step 4 names it (`tsoracle.oracle_successor`,
 //!   run from the page as written); the members then serve again without a restart, every
 //!   history is unique and in order across it, the counters go on above every block granted
 //!   through the members, and `R_f` never goes down. Before the step, the members refuse
@@ -22,16 +25,16 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use tsoracle_tests::cluster::{promote, wait_replayed};
+use tsoracle_tests::cluster::{make_sync, promote, wait_replayed};
 use tsoracle_tests::fleet::{admit_members, member, member_opts, oracle_conninfo, MEMBER_ROLE};
 use tsoracle_tests::fleet_load::{
     check_histories, fleet_resolved, load_members, members_listed, system_identifier,
     wait_resolved_above, ResolvedWatch,
 };
 use tsoracle_tests::node::pg_bin_dir;
-use tsoracle_tests::runbook::{run_sh, Runbook, PG_UPGRADE_ORACLE_STEPS};
+use tsoracle_tests::runbook::{run_sh, run_sh_as_server, Runbook, PG_UPGRADE_ORACLE_STEPS};
 use tsoracle_tests::{
-    pg_error_string, serving_node, tso, DenseHistory, History, Node, NodeOpts, StopMode,
+    pg_error_string, poll_until, serving_node, tso, DenseHistory, History, Node, NodeOpts, StopMode,
 };
 
 fn old_bin() -> PathBuf {
@@ -45,11 +48,13 @@ fn old_bin() -> PathBuf {
     )
 }
 
-/// The new major's options for a cluster `pg_upgrade` makes (no data checksums, as the old).
+/// The new major's options for a cluster `pg_upgrade` makes (no data checksums, as the old),
+/// with the old cluster's `tsoracle.*` settings and `synchronous_standby_names` (as
+/// `pg_upgradecluster` carries the configuration over).
 fn upgraded_opts(settings: &BTreeMap<String, String>) -> NodeOpts {
     let mut opts = NodeOpts::new().bin(pg_bin_dir()).initdb_arg("--no-data-checksums");
     for (k, v) in settings {
-        if k.starts_with("tsoracle.") {
+        if k.starts_with("tsoracle.") || k == "synchronous_standby_names" {
             opts = opts.setting(k, v);
         }
     }
@@ -73,6 +78,9 @@ fn pg_upgrade_of_the_oracle_with_members_attached_by_the_runbook() {
     book.expect_steps(PG_UPGRADE_ORACLE_STEPS);
 
     let mut oracle = serving_node("upf-oracle", NodeOpts::new().bin(&old_bin));
+    let mut old_standby = Node::base_backup_from(&oracle, "standby1").expect("pg_basebackup");
+    old_standby.start().expect("start the oracle's standby");
+    make_sync(&mut oracle, "standby1").unwrap_or_else(|e| panic!("synchronous standby: {e}"));
     admit_members(&oracle);
     let old_id = system_identifier(&mut oracle.connect());
     let conninfo = oracle_conninfo(&[oracle.port()], MEMBER_ROLE);
@@ -90,9 +98,39 @@ fn pg_upgrade_of_the_oracle_with_members_attached_by_the_runbook() {
     assert_eq!(listed_before.len(), 2, "both members registered: {listed_before:?}");
     let max_before = history.max_value().expect("timestamps before the upgrade");
 
-    // ---- steps 1 and 2: the oracle stopped, upgraded, started at its address
+    // ---- step 1 and the start of 2: the oracle and its standby stopped, the oracle upgraded
+    //      and started at its address, synchronous_standby_names carried over
+    old_standby.stop(StopMode::Fast).expect("stop the old standby");
     let new_oracle = upgrade(&mut oracle, "upf-oracle-18");
     let mut c = new_oracle.connect();
+    // Its fence's commit waits for a synchronous standby it does not have yet.
+    poll_until("the worker waits for a synchronous standby", Duration::from_secs(30), || {
+        let waiting: i64 = c
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity \
+                  WHERE backend_type = 'tsoracle worker' AND wait_event = 'SyncRep'",
+                &[],
+            )
+            .expect("pg_stat_activity")
+            .get(0);
+        (waiting == 1).then_some(())
+    });
+    let state: String =
+        c.query_one("SELECT state FROM tso_status()", &[]).expect("tso_status()").get(0);
+    assert_ne!(state, "serving", "the upgraded oracle served before its synchronous standby");
+    // Step 2: the standby rebuilt from it, as the page writes it, then started.
+    let vars = vec![("ORACLE", new_oracle.conninfo())];
+    let mut new_standby = Node::base_backup_by(&new_oracle, "upf-standby1", |data| {
+        let mut vars = vars.clone();
+        vars.push(("STANDBY_DATA", data.display().to_string()));
+        run_sh_as_server(book.step(2), &new_oracle, &vars).map(|_| ())
+    })
+    .unwrap_or_else(|e| panic!("pg-upgrade.md step 2: {e}\n{}", book.step(2).text));
+    new_standby.start().expect("start the upgraded oracle's standby");
+    // Step 3: it serves, with synchronous replication.
+    let out = run_sh(book.step(3), new_oracle.bin_dir(), &vars)
+        .unwrap_or_else(|e| panic!("pg-upgrade.md step 3: {e}"));
+    assert_eq!(out.lines().last().map(str::trim), Some("serving|t"), "step 3 printed {out:?}");
     tso::wait_serving(&mut c).unwrap_or_else(|e| panic!("the upgraded oracle serving: {e}"));
     let new_id = system_identifier(&mut c);
     assert_ne!(new_id, old_id, "pg_upgrade gave the oracle a new system identifier");
@@ -131,15 +169,15 @@ fn pg_upgrade_of_the_oracle_with_members_attached_by_the_runbook() {
         );
     }
 
-    // ---- step 3, from the page, on each member
+    // ---- step 4, from the page, on each member
     let oracle_vars = new_oracle.conninfo();
     for m in [&m1, &m2] {
         run_sh(
-            book.step(3),
+            book.step(4),
             m.bin_dir(),
             &[("ORACLE", oracle_vars.clone()), ("CLUSTER", m.conninfo())],
         )
-        .unwrap_or_else(|e| panic!("{}: step 3: {e}", m.name()));
+        .unwrap_or_else(|e| panic!("{}: step 4: {e}", m.name()));
     }
     let t = Instant::now();
     history.wait_progress_on(&names, t, 100, "the members serve after the upgrade");
@@ -163,6 +201,7 @@ fn pg_upgrade_of_the_oracle_with_members_attached_by_the_runbook() {
     drop(c);
     let mut new_oracle = new_oracle;
     new_oracle.stop(StopMode::Fast).expect("stop the upgraded oracle");
+    old_standby.start().expect("the old standby started again");
     oracle.start().expect("the old oracle started again");
     std::thread::sleep(Duration::from_secs(8));
     let mut c = m1.connect();

@@ -68,6 +68,15 @@ fn upgrade(node: &mut Node, book: &Runbook, version: &str) {
     node.stop(StopMode::Fast).unwrap_or_else(|e| panic!("stop {}: {e}", node.name()));
     node.set_bin(pg_bin_dir()).expect("the new build's binaries");
     node.start().unwrap_or_else(|e| panic!("start {} on the new build: {e}", node.name()));
+    // The page's step 2: from its restart until step 3, the new library serves nothing.
+    let mut c = node.connect();
+    let state = poll_until("the worker past its start", Duration::from_secs(30), || {
+        let state: String =
+            c.query_one("SELECT state FROM tso_status()", &[]).expect("tso_status()").get(0);
+        (state != "starting").then_some(state)
+    });
+    assert_eq!(state, "outdated_schema", "{}: before ALTER EXTENSION UPDATE", node.name());
+    drop(c);
     let out = run_sh(book.step(3), node.bin_dir(), &[("CLUSTER", node.conninfo())])
         .unwrap_or_else(|e| panic!("{}: step 3: {e}", node.name()));
     assert!(
