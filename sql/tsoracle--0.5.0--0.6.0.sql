@@ -221,7 +221,7 @@ CREATE TABLE tsoracle.fleet_admission (
 COMMENT ON TABLE tsoracle.fleet_admission IS 'The clusters this oracle serves as members (system_id: the identity a member says hello with), each bound to the role it logs in as; written by tso_fleet_admit(system_id, role), superusers only. A hello from any other cluster, or under another role, is refused (42501).';
 GRANT SELECT ON tsoracle.fleet_admission TO PUBLIC;
 INSERT INTO tsoracle.fleet_admission (system_id, role, admitted_at)
-    SELECT system_id, role, registered_at FROM tsoracle.fleet_member;
+    SELECT system_id, role, registered_at FROM ONLY tsoracle.fleet_member;
 
 CREATE  FUNCTION "tso_fleet_admit"(
 	"system_id" bigint, /* i64 */

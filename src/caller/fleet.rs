@@ -366,7 +366,7 @@ pub fn admit(system_id: u64) -> Result<bool, TsoError> {
 /// The admission of a cluster that never registered, deleted in the caller's transaction.
 fn withdraw(system_id: u64) -> Result<bool, TsoError> {
     pgrx::Spi::get_one_with_args::<bool>(
-        "WITH d AS (DELETE FROM tsoracle.fleet_admission \
+        "WITH d AS (DELETE FROM ONLY tsoracle.fleet_admission \
                     WHERE system_id OPERATOR(pg_catalog.=) $1 RETURNING 1) \
          SELECT EXISTS (SELECT FROM d)",
         &[(system_id as i64).into()],

@@ -41,7 +41,7 @@ fn standby_published(table: &str, version: &str) -> Result<u64, TsoError> {
             return Ok(None);
         }
         client
-            .select(&format!("SELECT ts FROM tsoracle.{table} WHERE id"), None, &[])?
+            .select(&format!("SELECT ts FROM ONLY tsoracle.{table} WHERE id"), None, &[])?
             .first()
             .get_one::<i64>()
     })

@@ -88,9 +88,12 @@ fn wrapped_clients(bin: &Path, major: u32) -> crate::Result<PathBuf> {
             (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
         });
     let made = std::env::temp_dir().join(format!("tsoracle-pg-wrapper-{major}-{key:016x}"));
-    if made.join("psql").exists() {
+    if made.join("psql").exists() && trusted(&made, bin) {
         return Ok(made);
     }
+    // Not made by this user as below (a name in a shared directory anyone can take): made
+    // again.
+    let _ = fs::remove_dir_all(&made);
     // Made apart, then renamed into place: another process may be making it too.
     let dir = made.with_extension(std::process::id().to_string());
     let _ = fs::remove_dir_all(&dir);
@@ -120,11 +123,27 @@ fn wrapped_clients(bin: &Path, major: u32) -> crate::Result<PathBuf> {
         // Made by another process meanwhile.
         let _ = fs::remove_dir_all(&dir);
     }
-    if made.join("psql").exists() {
+    if made.join("psql").exists() && trusted(&made, bin) {
         Ok(made)
     } else {
         Err(HarnessError::Other(format!("{}: no psql", made.display())))
     }
+}
+
+/// Whether `dir` is this user's, writable by no one else, and holds links into `bin` only.
+fn trusted(dir: &Path, bin: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let me = unsafe { libc::geteuid() };
+    let mine =
+        |p: &Path| fs::symlink_metadata(p).is_ok_and(|m| m.uid() == me && m.mode() & 0o022 == 0);
+    mine(dir)
+        && fs::read_dir(dir).is_ok_and(|entries| {
+            entries.flatten().all(|e| {
+                fs::symlink_metadata(e.path()).is_ok_and(|m| m.file_type().is_symlink())
+                    && fs::read_link(e.path()).is_ok_and(|t| t.starts_with(bin))
+            })
+        })
 }
 
 /// A node registered for postgresql-common's `pg_ctlcluster` (see the module documentation);
@@ -148,6 +167,11 @@ impl DebianCluster {
             .ok_or_else(|| HarnessError::Other("a node directory without a name".into()))?;
         let root = node.basedir().with_extension("pg-cluster-conf");
         let dir = root.join(major.to_string()).join(&name);
+        // Made afresh by this process (a name beside the node's directory, in a directory
+        // anyone may write): whatever was there is removed, and a root made meanwhile by
+        // someone else fails the creation.
+        let _ = fs::remove_dir_all(&root);
+        fs::create_dir(&root).map_err(|e| err(format!("create {}", root.display()), e))?;
         fs::create_dir_all(&dir).map_err(|e| err(format!("create {}", dir.display()), e))?;
         for d in [root.clone(), root.join(major.to_string()), dir.clone()] {
             fs::set_permissions(&d, fs::Permissions::from_mode(0o755))
@@ -214,7 +238,7 @@ mod tests {
 
     #[test]
     fn a_page_finds_the_majors_clients_and_no_server_program() {
-        if !Path::new("/usr/bin/psql").exists() {
+        if !Path::new("/usr/bin/psql").exists() || !Path::new("/usr/bin/pg_ctlcluster").exists() {
             eprintln!("skipped: no postgresql-common here");
             return;
         }

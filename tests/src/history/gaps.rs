@@ -42,7 +42,7 @@ pub(super) fn explain_gaps(gaps: &[i64], counts: &[i64]) -> Option<bool> {
     }
     rest.sort_unstable_by(|a, b| b.cmp(a));
     // Sums are tracked in bitsets up to the largest gap: bound it so a table stays small.
-    let widest = usize::try_from(rest[0]).ok().filter(|&w| w <= 1 << 22)?;
+    let widest = usize::try_from(rest[0]).ok().filter(|&w| w <= 1 << 20)?;
     let sizes: Vec<(i64, i64)> = mult.into_iter().rev().filter(|&(_, m)| m > 0).collect();
     let (s, m): (Vec<i64>, Vec<i64>) = sizes.into_iter().unzip();
     let sizes: Vec<usize> = s.iter().map(|&x| usize::try_from(x).unwrap_or(usize::MAX)).collect();
