@@ -39,17 +39,18 @@ fn admitted_role(system_id: u64) -> Result<Option<u32>, TsoError> {
     .map_err(|e| TsoError::Internal(format!("could not read tsoracle.fleet_admission: {e}")))
 }
 
+/// The name of the role `oid`, if there is one.
+fn named_role(oid: pg_sys::Oid) -> Option<String> {
+    // SAFETY: a syscache lookup; with noerr = true a missing role gives NULL, copied at once.
+    unsafe {
+        let name = pg_sys::GetUserNameFromId(oid, true);
+        (!name.is_null()).then(|| std::ffi::CStr::from_ptr(name).to_string_lossy().into_owned())
+    }
+}
+
 /// A role's name (`role N` for one dropped since).
 pub fn role_name(oid: u32) -> String {
-    // SAFETY: a syscache lookup; with noerr = true a dropped role gives NULL, copied at once.
-    unsafe {
-        let name = pg_sys::GetUserNameFromId(pg_sys::Oid::from(oid), true);
-        if name.is_null() {
-            format!("role {oid}")
-        } else {
-            std::ffi::CStr::from_ptr(name).to_string_lossy().into_owned()
-        }
-    }
+    named_role(pg_sys::Oid::from(oid)).unwrap_or_else(|| format!("role {oid}"))
 }
 
 /// Only a cluster a superuser admitted, under the role it is admitted for, says hello: any
@@ -378,9 +379,7 @@ fn withdraw(system_id: u64) -> Result<bool, TsoError> {
 /// `role` is a role that exists: a `regrole` such as `'-'::regrole` (0) or a bare number
 /// names none, and an admission for it no session could ever match.
 pub fn existing_role(role: pg_sys::Oid) -> Result<(), TsoError> {
-    // SAFETY: a syscache lookup; with noerr = true a missing role gives NULL.
-    let name = unsafe { pg_sys::GetUserNameFromId(role, true) };
-    if role == pg_sys::InvalidOid || name.is_null() {
+    if role == pg_sys::InvalidOid || named_role(role).is_none() {
         return Err(TsoError::InvalidArgument(format!(
             "no role has the OID {}: name the member's login role",
             role.to_u32()

@@ -183,12 +183,6 @@ pub struct OldestHold {
     pub since_mono_ms: u64,
 }
 
-/// How many slots hold a value, and the lowest held value with its process.
-pub fn oldest_holder() -> (i32, Option<(u64, i32)>) {
-    let (holders, oldest) = oldest_hold();
-    (holders, oldest.map(|o| (o.ts, o.pid)))
-}
-
 /// How many slots hold a value, and the holding of the lowest.
 pub fn oldest_hold() -> (i32, Option<OldestHold>) {
     let mut holders = 0;

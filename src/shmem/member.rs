@@ -6,6 +6,8 @@ use pgrx::lwlock::PgLwLock;
 use pgrx::shmem::PGRXSharedMemory;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+pub use super::text::Text;
+
 /// Room for an error's message, `tso_member_status().last_error` and the oracle's connection
 /// string: the longest message of this version is about 400 bytes (with a counter's key
 /// of 128 bytes in it).
@@ -17,44 +19,6 @@ pub const TEXT_BYTES: usize = 1024;
 /// member's log has it whole (`tsoracle_core::text::fit`).
 pub const HINT_BYTES: usize = 2048;
 
-/// A bounded UTF-8 text in shared memory.
-#[derive(Clone, Copy, Debug)]
-#[repr(C)]
-pub struct Text<const N: usize = TEXT_BYTES> {
-    bytes: [u8; N],
-    len: usize,
-}
-
-impl<const N: usize> Default for Text<N> {
-    fn default() -> Self {
-        Text { bytes: [0; N], len: 0 }
-    }
-}
-
-impl<const N: usize> Text<N> {
-    /// `s` whole if it fits; otherwise cut, with a note saying so (`tsoracle_core::text::fit`),
-    /// and `s` logged whole.
-    pub fn new(s: &str) -> Self {
-        let cut;
-        let kept = match tsoracle_core::text::fit(s, N) {
-            Ok(s) => s,
-            Err(c) => {
-                pgrx::log!("tsoracle member: a text of {} bytes kept cut to {N}: {s}", s.len());
-                cut = c;
-                &cut
-            }
-        };
-        let mut bytes = [0; N];
-        bytes[..kept.len()].copy_from_slice(kept.as_bytes());
-        Text { bytes, len: kept.len() }
-    }
-
-    pub fn get(&self) -> Option<String> {
-        let text = std::str::from_utf8(&self.bytes[..self.len.min(N)]).unwrap_or("");
-        (!text.is_empty()).then(|| text.to_string())
-    }
-}
-
 /// An error the oracle answered one call with, for the caller to raise as its own.
 #[derive(Clone, Copy, Debug, Default)]
 #[repr(C)]
@@ -62,7 +26,7 @@ pub struct CallError {
     /// The call's queue generation (0: free).
     pub generation: u64,
     pub sqlstate: [u8; 5],
-    pub message: Text,
+    pub message: Text<TEXT_BYTES>,
     pub hint: Text<HINT_BYTES>,
 }
 
@@ -75,7 +39,7 @@ pub const CALL_ERRORS: usize = 32;
 #[repr(C)]
 pub struct MemberState {
     /// `tsoracle.oracle`, with any password hidden.
-    pub oracle: Text,
+    pub oracle: Text<TEXT_BYTES>,
     /// Connected to the oracle and it answered the hello.
     pub connected: bool,
     /// The oracle's server process serving this member (0: none).
@@ -95,7 +59,7 @@ pub struct MemberState {
     pub round_trip_us_total: u64,
     pub last_round_trip_us: u64,
     /// Why the member does not serve now, or the oracle's last refusal.
-    pub last_error: Text,
+    pub last_error: Text<TEXT_BYTES>,
     /// When the last error happened (wall ms; 0: never).
     pub last_error_ms: u64,
     pub errors: [CallError; CALL_ERRORS],
@@ -125,6 +89,13 @@ impl Default for MemberState {
 }
 
 impl MemberState {
+    /// Why the member does not serve right now (`tso_member_status().last_error`), noted at
+    /// `now_ms` (`last_error_at`).
+    pub fn note_error(&mut self, why: &str, now_ms: u64) {
+        self.last_error = Text::new(why);
+        self.last_error_ms = now_ms;
+    }
+
     /// Keep the error the oracle answered the call of `generation` with.
     pub fn keep_error(
         &mut self,

@@ -10,6 +10,8 @@
 //! - `member`: on a member of a fleet, what its worker (the proxy to the oracle) shares with
 //!   the callers;
 //! - `fleet`: on the oracle of a fleet, its members' registrations and reports, and `R_f`.
+//! - `text`: a bounded UTF-8 text (the refusal, a member's errors), kept whole or cut with a
+//!   note that says so.
 //!
 //! Everything here is reinitialised by the postmaster after a crash restart, so the oracle
 //! comes back not serving and the worker's fence must run before anything is issued.
@@ -23,6 +25,7 @@ pub mod member;
 pub mod oracle;
 pub mod queue;
 pub mod signals;
+pub mod text;
 
 pub use leases::{LEASE_BOUNDS, MAX_LEASES};
 pub use oracle::{not_serving, Phase, ORACLE};

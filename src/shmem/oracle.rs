@@ -3,6 +3,7 @@
 //! shows; and the retryable error for a phase in which nothing is served.
 
 use super::signals::Signals;
+use super::text::Text;
 use crate::pg::error::TsoError;
 use crate::pg::guc;
 use pgrx::lwlock::PgLwLock;
@@ -70,9 +71,8 @@ pub struct OracleState {
     /// The worker's database is not UTF8: keys and holders must be ASCII to be stored there.
     pub ascii_names_only: bool,
     /// Why the worker refuses to serve (`Phase::Refused`), or why it does not grant blocks and
-    /// leases right now (strict mode without a synchronous standby); UTF-8, `refusal_len` bytes.
-    pub refusal: [u8; REFUSAL_BYTES],
-    pub refusal_len: usize,
+    /// leases right now (strict mode without a synchronous standby).
+    refusal: Text<REFUSAL_BYTES>,
 }
 
 /// Room for the refusal text in shared memory.
@@ -94,8 +94,7 @@ impl Default for OracleState {
             worker_started_ms: 0,
             last_fence_promoted: false,
             ascii_names_only: false,
-            refusal: [0; REFUSAL_BYTES],
-            refusal_len: 0,
+            refusal: Text::default(),
         }
     }
 }
@@ -105,27 +104,15 @@ impl OracleState {
     /// Keep `why` whole, or, longer than [`REFUSAL_BYTES`] (a list of tables), cut with a
     /// note that says so (`tsoracle_core::text::fit`), the server log having it whole.
     pub fn set_refusal(&mut self, why: &str) {
-        let cut;
-        let kept = match tsoracle_core::text::fit(why, REFUSAL_BYTES) {
-            Ok(why) => why,
-            Err(c) => {
-                pgrx::log!("tsoracle: a refusal of {} bytes kept cut: {why}", why.len());
-                cut = c;
-                &cut
-            }
-        };
-        self.refusal[..kept.len()].copy_from_slice(kept.as_bytes());
-        self.refusal_len = kept.len();
+        self.refusal = Text::new(why);
     }
 
     pub fn refusal(&self) -> Option<String> {
-        let text =
-            std::str::from_utf8(&self.refusal[..self.refusal_len.min(REFUSAL_BYTES)]).unwrap_or("");
-        (!text.is_empty()).then(|| text.to_string())
+        self.refusal.get()
     }
 }
 
-// SAFETY: plain data (integers, flags, fieldless enums, a byte array): no pointers and nothing
+// SAFETY: plain data (integers, flags, fieldless enums, a bounded text): no pointers and nothing
 // on the heap, so it means the same in every process that maps the segment.
 unsafe impl PGRXSharedMemory for OracleState {}
 

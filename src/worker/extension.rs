@@ -7,7 +7,7 @@
 use super::state::set_phase;
 use crate::pg::xact::transaction;
 use crate::pg::EXTENSION_VERSION;
-use crate::shmem::member::{Text, MEMBER};
+use crate::shmem::member::MEMBER;
 use crate::shmem::{Phase, Signals, ORACLE};
 use pgrx::bgworkers::BackgroundWorker;
 use pgrx::prelude::*;
@@ -140,8 +140,7 @@ pub(super) fn wait_for_extension(signals: &Signals, database: &str) -> bool {
             // tso_member_status().last_error (and its alert) look. Its hello clears it.
             let mut member = MEMBER.exclusive();
             if member.last_error.get().as_deref() != Some(message.as_str()) {
-                member.last_error = Text::new(&message);
-                member.last_error_ms = crate::pg::clock::now_ms();
+                member.note_error(&message, crate::pg::clock::now_ms());
             }
         }
         set_phase(signals, phase);

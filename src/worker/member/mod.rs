@@ -565,9 +565,7 @@ impl Proxy {
     /// Record why the member does not serve right now.
     fn note(&mut self, why: &str) {
         {
-            let mut st = MEMBER.exclusive();
-            st.last_error = Text::new(why);
-            st.last_error_ms = clock::now_ms();
+            MEMBER.exclusive().note_error(why, clock::now_ms());
         }
         if self.warned.is_none_or(|at| at.elapsed() >= Duration::from_secs(60)) {
             self.warned = Some(Instant::now());

@@ -156,7 +156,7 @@ impl Proxy {
             && self.last_report.elapsed().as_millis() as u64 >= guc::resolved_interval_ms()
         {
             if let Ok(r) = crate::shmem::holders::primary_resolved(self.signals) {
-                let held_by = crate::shmem::holders::oldest_holder().1.map_or(0, |(_, pid)| pid);
+                let held_by = crate::shmem::holders::oldest_hold().1.map_or(0, |o| o.pid);
                 conn.send(REPORT, &[r.to_string(), held_by.to_string(), self.session.clone()])?;
                 self.sent.push_back(Sent {
                     flight: Flight::Report,
