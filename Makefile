@@ -185,7 +185,7 @@ bench: install
 	case " $${BENCH_ONLY:-distance} " in *" distance "*) \
 		cargo build --release -p tsoracle-tests --bin tso-link ;; \
 	esac; \
-	BENCH_PG_BIN="$$bin" BENCH_FLOOR_SO="$$floor" BENCH_LINK="$(CURDIR)/target/release/tso-link" \
+	BENCH_PG_BIN="$$bin" BENCH_FLOOR_SO="$$floor" BENCH_LINK="$${CARGO_TARGET_DIR:-$(CURDIR)/target}/release/tso-link" \
 		python3 scripts/bench/bench.py
 
 clean:

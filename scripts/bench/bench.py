@@ -601,9 +601,10 @@ class Bench:
         tail(self.log, 15)
         raise Die("the server is down (if tsoracle.so was reinstalled while the benchmark ran, just rerun)")
 
-    def run_pgbench(self, name, script, clients, rep, *extra, port=None, secs=None, sql=None):
+    def run_pgbench(self, name, script, clients, rep, *extra, port=None, secs=None, sql=None, host=None):
         """One pgbench run, recorded: its tps, transactions, wait events and the foreign CPU
-        in the idle second after it. Returns its tps or None."""
+        in the idle second after it; over the Unix-domain socket unless a host is given.
+        Returns its tps or None."""
         secs = secs or SECS
         jobs = min(clients, NPROC)
         tag = f"{name}.c{clients}.r{rep}"
@@ -614,7 +615,7 @@ class Bench:
         if name == "ins_tso":
             lag = self.start_lag_sampler(os.path.join(self.runs, tag + ".lag"), secs)
         with open(out, "w") as f:
-            rc = subprocess.run([self.pgbench_exe, "-h", self.work, "-p", str(port or self.port), "-U", "postgres",
+            rc = subprocess.run([self.pgbench_exe, "-h", host or self.work, "-p", str(port or self.port), "-U", "postgres",
                                  "-n", "-M", "prepared", "-T", str(secs), "-c", str(clients), "-j", str(jobs),
                                  "-f", os.path.join(HERE, script + ".sql"), *extra, "postgres"],
                                 stdout=f, stderr=subprocess.STDOUT).returncode
@@ -934,9 +935,12 @@ class Bench:
         their way). Per repetition and client count, in an order rotated each repetition: one-row
         INSERTs ts DEFAULT tso_next() with the link at each round trip, and DEFAULT
         clock_timestamp() on the same member; one client's SELECT tso_next() latency at each
-        round trip. report.py sets each round trip's INSERTs against the distance floor
+        round trip, and one client's SELECT 1 on this cluster through the same link at each
+        round trip (what the link itself adds: its threads sleep and wake twice a round trip).
+        report.py sets each round trip's INSERTs against the distance floor
         c / (c / tps_0 + RTT), tps_0 the same member's rate through the same link with no delay
-        in the same repetition, and one client's p50 beyond tps_0's run against the RTT."""
+        in the same repetition, and one client's p50 beyond its p50 at 0 ms against the
+        link's own round trip so measured (and against the RTT it was set to)."""
         if not DISTANCE_CLIENTS:
             return
         say(f"==> a member a network away: round trips {words(DISTANCE_RTTS)} ms, clients {words(DISTANCE_CLIENTS)}")
@@ -965,7 +969,8 @@ class Bench:
         self.rec("info", "distance", f"a member of this cluster through {os.path.basename(LINK)} (tests/src/link.rs) "
                  f"on loopback, half the round trip each way; one-row INSERTs: {words(DISTANCE_CLIENTS)} clients, "
                  f"{REPS} repetitions, order rotated, TRUNCATE + CHECKPOINT before each run; one client's "
-                 "SELECT tso_next() latency from per-transaction logs")
+                 "SELECT tso_next() latency, and one client's SELECT 1 on the oracle through the link, from "
+                 "per-transaction logs")
         for c in DISTANCE_CLIENTS:
             for r in range(1, REPS + 1):
                 for w in rotated(r, [f"far_ins_rtt{fmt_ms(x)}" for x in DISTANCE_RTTS] + ["far_ins_clock"]):
@@ -977,12 +982,19 @@ class Bench:
                     self.prep(fsql, "t_tso")
                     self.run_pgbench(w, "ins_tso", c, r, port=fport, sql=fsql)
                 if c == 1:
+                    # One client's SELECT tso_next() on the member, and SELECT 1 on the oracle
+                    # through the same link: what a round trip through it costs a client.
                     for x in rotated(r, DISTANCE_RTTS):
                         set_rtt(x)
                         w = f"far_lat_rtt{fmt_ms(x)}"
                         prefix = os.path.join(self.runs, f"txlog.{w}.c1.r{r}")
                         self.run_pgbench(w, "lat_tso_next", 1, r, "-l", f"--log-prefix={prefix}", port=fport,
                                          sql=fsql)
+                        self.rec("lat", w, 1, r, prefix)
+                        w = f"link_lat_rtt{fmt_ms(x)}"
+                        prefix = os.path.join(self.runs, f"txlog.{w}.c1.r{r}")
+                        self.run_pgbench(w, "lat_select1", 1, r, "-l", f"--log-prefix={prefix}", port=lport,
+                                         host="127.0.0.1")
                         self.rec("lat", w, 1, r, prefix)
         connects = fsql.q("SELECT connects FROM tso_member_status()")
         self.rec("info", "distance_connects", connects)
