@@ -265,7 +265,10 @@ BEGIN
                 WHEN 'seq' THEN 'It holds the sequence counters: a lowered or deleted counter grants its blocks again.'
                 ELSE 'It holds the leases: the safe frontier could pass a holder that still stamps below its bound.'
             END,
-            HINT = 'Drop a sequence key with tso_seq_drop(), release a lease with tso_lease_release(). To write the table anyway, a superuser first runs SET tsoracle.allow_drop = on.';
+            HINT = CASE WHEN TG_OP = 'UPDATE' AND TG_TABLE_NAME <> 'lease'
+                THEN 'If this UPDATE did not mean to lower it, run it again: tsoracle raised the row in place after the UPDATE read it (docs/operations/maintenance.md). '
+                ELSE '' END
+                || 'Drop a sequence key with tso_seq_drop(), release a lease with tso_lease_release(). To write the table anyway, a superuser first runs SET tsoracle.allow_drop = on.';
 END
 $$;
 REVOKE EXECUTE ON FUNCTION tsoracle.keep_what_was_issued() FROM PUBLIC;

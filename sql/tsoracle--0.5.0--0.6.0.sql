@@ -74,6 +74,44 @@ ALTER TABLE tsoracle.epoch_base ENABLE ALWAYS TRIGGER only_the_worker;
 CREATE TRIGGER only_the_worker_truncate BEFORE TRUNCATE ON tsoracle.epoch_base
     FOR EACH STATEMENT EXECUTE FUNCTION tsoracle.only_the_worker();
 
+-- A superuser's UPDATE refused for a value a call raised in place after the UPDATE read the
+-- row is told to run it again (the HINT), before being told of tsoracle.allow_drop.
+CREATE OR REPLACE FUNCTION tsoracle.keep_what_was_issued() RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    -- A subscriber's apply of a delete (replica): the subscriber keeps what it holds (a key
+    -- dropped or a lease released on the publisher stays; its own worker removes what it is
+    -- done with). A replicated TRUNCATE is refused below: the apply stops until a DBA decides.
+    IF TG_OP = 'DELETE' AND pg_catalog.current_setting('session_replication_role') = 'replica'
+       AND pg_catalog.current_setting('tsoracle.allow_drop', true) IS DISTINCT FROM 'on' THEN
+        RETURN NULL;
+    END IF;
+    -- A subscriber's apply of an update (replica): merge_replicated_row, which fires next,
+    -- raises the row.
+    IF NOT tsoracle.note_restore()
+       OR pg_catalog.current_setting('tsoracle.allow_drop', true) = 'on'
+       OR (TG_OP = 'UPDATE' AND pg_catalog.current_setting('session_replication_role') = 'replica') THEN
+        RETURN CASE WHEN TG_OP = 'DELETE' THEN OLD ELSE NEW END;
+    END IF;
+    RAISE EXCEPTION 'cannot % table %.%: only the tsoracle worker lowers or removes what it holds',
+            CASE TG_OP WHEN 'UPDATE' THEN 'lower a row of' WHEN 'DELETE' THEN 'delete from'
+                ELSE 'truncate' END,
+            TG_TABLE_SCHEMA, TG_TABLE_NAME
+        USING ERRCODE = 'object_in_use',
+            DETAIL = CASE TG_TABLE_NAME
+                WHEN 'high_water' THEN 'It holds the durable high-water: after a restart the oracle would issue timestamps it has already returned.'
+                WHEN 'seq' THEN 'It holds the sequence counters: a lowered or deleted counter grants its blocks again.'
+                ELSE 'It holds the leases: the safe frontier could pass a holder that still stamps below its bound.'
+            END,
+            HINT = CASE WHEN TG_OP = 'UPDATE' AND TG_TABLE_NAME <> 'lease'
+                THEN 'If this UPDATE did not mean to lower it, run it again: tsoracle raised the row in place after the UPDATE read it (docs/operations/maintenance.md). '
+                ELSE '' END
+                || 'Drop a sequence key with tso_seq_drop(), release a lease with tso_lease_release(). To write the table anyway, a superuser first runs SET tsoracle.allow_drop = on.';
+END
+$$;
+
 -- A restored or replicated counter row keeps the newer incarnation (made) of the two merged,
 -- as it keeps the larger next: a member that kept a block of the newer one goes on.
 CREATE OR REPLACE FUNCTION tsoracle.merge_restored_row() RETURNS trigger

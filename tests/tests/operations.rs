@@ -275,7 +275,7 @@ fn held(c: &mut Client, secs: Duration, sqls: &[&str], end: &str) {
 /// `updated_at`, as a DBA would. That `UPDATE` may be refused `55006`, and then it is run
 /// again in a new transaction: its new row is built from the scan, before the row lock, so a
 /// counter advanced in place in between would be lowered by it, and `keep_what_was_issued`
-/// refuses that (docs/seq-in-place.md, "Why no lock protocol is needed"). Any other error, or
+/// refuses that (docs/operations/maintenance.md says to run it again). Any other error, or
 /// the race lost 50 times in a row, fails the test.
 fn begin_holding(c: &mut Client, key: &str) {
     let sql = format!("UPDATE tsoracle.seq SET updated_at = now() WHERE key = '{key}'");
