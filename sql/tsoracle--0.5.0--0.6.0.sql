@@ -53,6 +53,19 @@ AS 'MODULE_PATHNAME', 'member_seq_wrapper';
 REVOKE EXECUTE ON FUNCTION tsoracle.member_seq(text[], integer[]) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION tsoracle.member_seq(text[], integer[]) TO tsoracle_member;
 
+-- A member of 0.6.0 asks for values with member_next(count, session): its session's filter in
+-- the function, the answer as text, the bytes of member_next(count)'s array, which serves
+-- members of 0.5.0.
+CREATE  FUNCTION tsoracle."member_next"(
+	"count" INT, /* i32 */
+	"session" TEXT /* & str */
+) RETURNS TEXT /* Option < String > */
+STRICT VOLATILE PARALLEL UNSAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'member_next_named_wrapper';
+REVOKE EXECUTE ON FUNCTION tsoracle.member_next(integer, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION tsoracle.member_next(integer, text) TO tsoracle_member;
+
 -- An oracle's epoch base (docs/worker.md, "The fence"): each fence commits the epoch
 -- `base + timeline` (never below the epoch it found), and keeps `base = epoch - timeline`
 -- here first, in a commit of its own, so that after pg_upgrade (which starts the timeline again at 1)

@@ -39,8 +39,36 @@ pub fn floor_after(first: u64, total: u32) -> u64 {
     first.saturating_add(u64::from(total))
 }
 
+/// The oracle's answer to a member's round trip, read by [`parse_next_answer`]: the bytes
+/// of a `bigint[]` of the two as text. Written on every round trip, without `format!`.
+pub fn next_answer(first: u64, epoch: u64) -> String {
+    let mut out = Vec::with_capacity(2 * 20 + 3);
+    out.push(b'{');
+    push_decimal(&mut out, first);
+    out.push(b',');
+    push_decimal(&mut out, epoch);
+    out.push(b'}');
+    // ASCII digits, braces and a comma: always UTF-8 (an empty answer would be refused).
+    String::from_utf8(out).unwrap_or_default()
+}
+
+fn push_decimal(out: &mut Vec<u8>, mut v: u64) {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (v % 10) as u8;
+        v /= 10;
+        if v == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&digits[at..]);
+}
+
 /// The oracle's answer to `tsoracle.member_next(n)` as text, `{first,epoch}` (a `bigint[]`
-/// of two): the first of the `n` values and the oracle's epoch. Anything else is `None`.
+/// of two, or [`next_answer`]'s text): the first of the `n` values and the oracle's epoch.
+/// Anything else is `None`.
 pub fn parse_next_answer(text: &str) -> Option<(u64, u64)> {
     let inner = text.strip_prefix('{')?.strip_suffix('}')?;
     let (first, epoch) = inner.split_once(',')?;

@@ -2,8 +2,8 @@
 
 use proptest::prelude::*;
 use tsoracle_core::member::{
-    floor_after, parse_next_answer, split, EpochGate, MemberIdentity, OracleRefused, OracleSeen,
-    OwnPast,
+    floor_after, next_answer, parse_next_answer, split, EpochGate, MemberIdentity, OracleRefused,
+    OracleSeen, OwnPast,
 };
 use tsoracle_core::timestamp::{pack, MAX_LOGICAL};
 
@@ -28,6 +28,8 @@ proptest! {
     #[test]
     fn a_next_answer_reads_back_and_nothing_else_does(first: u64, epoch: u64, junk in "[ -~]{0,24}") {
         prop_assert_eq!(parse_next_answer(&format!("{{{first},{epoch}}}")), Some((first, epoch)));
+        // The oracle's text, the bytes of the array's: the same answer.
+        prop_assert_eq!(next_answer(first, epoch), format!("{{{first},{epoch}}}"));
         let well_formed = junk.strip_prefix('{').and_then(|j| j.strip_suffix('}')).and_then(|j| {
             let (a, b) = j.split_once(',')?;
             Some((a.parse::<u64>().ok()?, b.parse::<u64>().ok()?))

@@ -42,7 +42,7 @@ Knobs (environment):
                      outbox's CDC makes; test_decoding too)
   BENCH_ORACLE_MEMBERS  an oracle serving simulated members, on a cluster of its own: one
                      pgbench client per member, each a tsoracle.member_hello then
-                     tsoracle.member_next(k) round trips (oracle_member.sql; default
+                     tsoracle.member_next(k, session) round trips (oracle_member.sql; default
                      "8 64 256 1000"; empty skips it); BENCH_ORACLE_K (default "1 16");
                      BENCH_ORACLE_SECONDS (pgbench -T per point, default 5)
   BENCH_ONLY         run only these sections, e.g. "throughput writes": throughput, resolved,
@@ -1135,7 +1135,8 @@ class Bench:
     def oracle(self):
         """An oracle serving simulated members (issue 55), on a cluster of its own sized for the
         largest point: each pgbench client is a member, through the real protocol (a hello,
-        then tsoracle.member_next(k) round trips; its first member_next is tried again while
+        then tsoracle.member_next(k, session) round trips as a member of this version sends them
+        (its hello names the session, as a member's does); its first member_next is tried again while
         the oracle answers 57P03, its registration not durable yet, as a member's worker does:
         bench_first_next). Per point (report.py): round trips/s and values/s once every member
         has said hello (per-transaction logs), p50/p99 of a round trip (the hellos excluded),
@@ -1245,7 +1246,7 @@ class Bench:
                 gone()
                 tag = f"oracle.m{m}.k{k}"
                 proc, out, prefix = pgbench(m, tag, "-D", "hello=0", "-D", f"k={k}", "-D", f"ver={over}",
-                                            "-f", os.path.join(HERE, "oracle_member.sql"))
+                                            "-D", "sess=bench", "-f", os.path.join(HERE, "oracle_member.sql"))
                 for _ in range(ramp * 5):
                     time.sleep(0.2)
                     if osql.q("SELECT count(*) FROM tso_fleet_status() f JOIN pg_stat_activity a "

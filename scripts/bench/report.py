@@ -726,7 +726,7 @@ def steady_rate(prefix):
 
 
 if oracle_pts:
-    w("an oracle serving simulated members (one pgbench client each: a hello, then tsoracle.member_next(k) round trips)")
+    w("an oracle serving simulated members (one pgbench client each: a hello, then tsoracle.member_next(k, session) round trips)")
     w(f"  {'members':>7s} {'k':>3s} {'round trips/s':>14s} {'values/s':>12s} {'p50':>9s} {'p99':>9s} "
       f"{'backends':>8s} {'their Pss':>10s} {'per member':>10s} {'oracle cores':>12s} "
       f"{'SELECT 1/s':>11s} {'ratio':>6s}")

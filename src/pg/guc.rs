@@ -511,3 +511,29 @@ pub fn test_seq_in_place_under_sync() -> bool {
 pub fn test_worker_hold_key() -> Option<String> {
     TEST_WORKER_HOLD_KEY.get().map(|c| c.to_string_lossy().into_owned()).filter(|k| !k.is_empty())
 }
+
+/// The placeholder setting of an oracle session in which a member's hello names its connection
+/// (docs/fleet.md): the member's later statements carry that name and run only where the
+/// setting holds it.
+macro_rules! member_session {
+    () => {
+        "tsoracle_member.session"
+    };
+}
+pub(crate) use member_session;
+
+/// Whether this session's setting `member_session!()` holds `name`: as the SQL
+/// `current_setting('tsoracle_member.session', true) = name` (no setting: false).
+pub fn member_session_is(name: &str) -> bool {
+    const SETTING: &std::ffi::CStr =
+        match std::ffi::CStr::from_bytes_with_nul(concat!(member_session!(), "\0").as_bytes()) {
+            Ok(s) => s,
+            Err(_) => panic!("a setting's name with a NUL inside"),
+        };
+    // SAFETY: the name is NUL-terminated; with missing_ok a setting never set in this session
+    // is NULL, otherwise a pointer to its current value, which stays valid until the setting
+    // is next changed (not before the comparison below: nothing in between runs SQL).
+    let value = unsafe { pgrx::pg_sys::GetConfigOption(SETTING.as_ptr(), true, false) };
+    // SAFETY: a non-NULL value is a NUL-terminated string owned by the setting (above).
+    !value.is_null() && unsafe { std::ffi::CStr::from_ptr(value) }.to_bytes() == name.as_bytes()
+}

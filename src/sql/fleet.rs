@@ -8,7 +8,6 @@ use crate::pg::guc;
 use crate::shmem::member::MEMBER;
 use crate::shmem::ORACLE;
 use pgrx::prelude::*;
-use tsoracle_core::timestamp;
 use tsoracle_core::version::{oracle_speaks, Version};
 
 fn refuse_on_a_member() -> Result<(), TsoError> {
@@ -53,7 +52,7 @@ fn hello(
     Ok((own as i64, spoken.to_string(), epoch as i64))
 }
 
-fn next(count: i32) -> Result<(i64, i64), TsoError> {
+fn next(count: i32) -> Result<(u64, u64), TsoError> {
     refuse_in_parallel_mode("tsoracle.member_next()")?;
     refuse_on_a_member()?;
     fleet::check_served()?;
@@ -61,7 +60,7 @@ fn next(count: i32) -> Result<(i64, i64), TsoError> {
     // The epoch of the window the values came from, or a later one (a fence in between): a
     // member refuses answers from epochs older than one it has seen.
     let epoch = ORACLE.share().allocator.epoch().unwrap_or(0);
-    Ok((timestamp::to_sql(first), epoch as i64))
+    Ok((first, epoch))
 }
 
 fn epoch() -> i64 {
@@ -221,7 +220,22 @@ mod tsoracle {
     #[pg_extern(volatile, parallel_unsafe)]
     fn member_next(count: i32) -> Vec<i64> {
         let (first, epoch) = super::next(count).or_report();
-        vec![first, epoch]
+        vec![tsoracle_core::timestamp::to_sql(first), epoch as i64]
+    }
+
+    /// A member's round trip from 0.6.0 on (`member_next(count)` serves members of 0.5.0):
+    /// the same answer as text, `{first,epoch}`, the bytes of that array's output, and only on
+    /// the session whose hello named the member's connection `session` (the filter of the
+    /// member's other statements, in the function): elsewhere NULL, having done nothing. An
+    /// array's construction and output, and the filter's two function calls, were most of what
+    /// a round trip cost the oracle beyond a `SELECT 1` (docs/benchmarks-fleet.md).
+    #[pg_extern(volatile, parallel_unsafe, name = "member_next")]
+    fn member_next_named(count: i32, session: &str) -> Option<String> {
+        if !crate::pg::guc::member_session_is(session) {
+            return None;
+        }
+        let (first, epoch) = super::next(count).or_report();
+        Some(tsoracle_core::member::next_answer(first, epoch))
     }
 }
 

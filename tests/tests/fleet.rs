@@ -364,6 +364,27 @@ fn what_is_wrong_with_a_member_is_refused_with_a_clear_error() {
     );
     let ok = as_member.query("SELECT * FROM tsoracle.member_next(10)", &[]).unwrap();
     assert_eq!(ok.len(), 1);
+
+    // A member of 0.6.0 names its connection: answered, as the array's text, only on the
+    // session whose hello named it (tsoracle_member.session); elsewhere NULL.
+    let named = |c: &mut Client, session: &str| -> Option<Vec<i64>> {
+        let sql = "SELECT tsoracle.member_next(10, $1)::pg_catalog.int8[]";
+        c.query_one(sql, &[&session]).unwrap().get(0)
+    };
+    assert_eq!(named(&mut as_member, "conn-a"), None, "before a session is named");
+    as_member
+        .batch_execute("SELECT pg_catalog.set_config('tsoracle_member.session', 'conn-a', false)")
+        .unwrap();
+    let before: Vec<i64> =
+        as_member.query_one("SELECT tsoracle.member_next(1)", &[]).unwrap().get(0);
+    assert_eq!(named(&mut as_member, "conn-b"), None, "for another connection's name");
+    let got = named(&mut as_member, "conn-a").expect("an answer where the connection is named");
+    assert!(got[0] > before[0] && got[1] >= before[1], "{got:?} after {before:?}");
+    expect_sqlstate(
+        outsider.query("SELECT tsoracle.member_next(1, 'conn-a')", &[]),
+        &SqlState::INSUFFICIENT_PRIVILEGE,
+        "a role without tsoracle_member calls member_next(count, session)",
+    );
 }
 
 /// A block whose answer was lost: the oracle's worker is held in the group commit of a new key

@@ -12,12 +12,7 @@ use tsoracle_core::queue::Ticket;
 pub(super) const RETRYABLE: [&str; 2] = ["57P03", "25006"];
 
 /// The setting of the oracle session in which a member's hello names its connection.
-macro_rules! session_setting {
-    () => {
-        "tsoracle_member.session"
-    };
-}
-pub(super) use session_setting;
+pub(super) use crate::pg::guc::member_session as session_setting;
 
 /// A statement's text from literals (and macros that expand to literals), NUL-terminated.
 macro_rules! sql {

@@ -247,12 +247,13 @@ fn statement_lost(e: &crate::pg::libpq::RemoteError) -> String {
     )
 }
 
+/// The answer to `NEXT`: NULL from a session whose hello did not name this connection.
 fn first_and_epoch(rows: &[Vec<Option<String>>]) -> Result<(u64, u64), String> {
-    let row = rows.first().ok_or(OTHER_SESSION)?;
-    row.first()
-        .cloned()
-        .flatten()
+    let row = rows.first().ok_or("the oracle answered tsoracle.member_next with no row")?;
+    let answer = row.first().ok_or_else(|| format!("the oracle answered an empty row: {row:?}"))?;
+    answer
         .as_deref()
-        .and_then(parse_next_answer)
+        .ok_or(OTHER_SESSION)
+        .map(parse_next_answer)?
         .ok_or_else(|| format!("the oracle answered a malformed row: {row:?}"))
 }

@@ -114,7 +114,8 @@ const RETRY_PAUSE: Duration = Duration::from_millis(20);
 /// placeholder setting of the session): every later statement carries that name as its last
 /// parameter and runs only where the setting holds it (`calls::gated!`), so that a statement
 /// that reaches another backend — through a pooler in transaction mode, one that said another
-/// member's hello — does nothing and answers no row (`calls::OTHER_SESSION`).
+/// member's hello — does nothing and answers no row (`calls::OTHER_SESSION`; `NEXT` applies
+/// the filter itself and answers NULL there).
 const HELLO: &CStr = calls::sql!(
     "SELECT system_id, version, epoch, pg_catalog.set_config('",
     calls::session_setting!(),
@@ -122,7 +123,10 @@ const HELLO: &CStr = calls::sql!(
 );
 const REPORT: &CStr =
     calls::gated!("SELECT tsoracle.member_report($1::pg_catalog.int8, $2::pg_catalog.int4)", 3);
-const NEXT: &CStr = calls::gated!("SELECT tsoracle.member_next($1::pg_catalog.int4)", 2);
+/// Every round trip for values: one function, which filters on the session itself (`$2`) and
+/// answers `{first,epoch}` as text, cheaper for the oracle than a filter and an array.
+const NEXT: &CStr =
+    calls::sql!("SELECT tsoracle.member_next($1::pg_catalog.int4, $2::pg_catalog.text)");
 /// `NEXT`, prepared once per connection right after the hello: the oracle's backend then only
 /// executes it, with no parsing or planning per round trip.
 const NEXT_PREPARED: &CStr = c"tsoracle_member_next";
