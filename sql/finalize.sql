@@ -266,6 +266,8 @@ BEGIN
                 ELSE 'It holds the leases: the safe frontier could pass a holder that still stamps below its bound.'
             END,
             HINT = CASE WHEN TG_OP = 'UPDATE' AND TG_TABLE_NAME <> 'lease'
+                    AND pg_catalog.to_jsonb(NEW) -> 'key' IS NOT DISTINCT FROM pg_catalog.to_jsonb(OLD) -> 'key'
+                    AND pg_catalog.to_jsonb(NEW) -> 'id' IS NOT DISTINCT FROM pg_catalog.to_jsonb(OLD) -> 'id'
                 THEN 'If this UPDATE did not mean to lower it, run it again: tsoracle raised the row in place after the UPDATE read it (docs/operations/maintenance.md). '
                 ELSE '' END
                 || 'Drop a sequence key with tso_seq_drop(), release a lease with tso_lease_release(). To write the table anyway, a superuser first runs SET tsoracle.allow_drop = on.';

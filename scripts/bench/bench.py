@@ -1185,7 +1185,7 @@ class Bench:
             load = " ".join(f.read().split()[:3])
         self.rec("info", "oracle_load", f"load average before the section: {load} on {NPROC} cores")
         self.rec("info", "oracle_bench", f"one pgbench client per member: -n -M prepared -T <{ORACLE_SECS} s + 3 s + "
-                 f"1 s per 50 members> -c <members> -j {NPROC} -f oracle_member.sql -D k=<k>, pgbench on the same "
+                 f"1 s per 50 members> -c <members> -j {NPROC} -f oracle_member.sql -D k=<k> -D sess=bench, pgbench on the same "
                  f"cores; an oracle of its own, max_connections={most + 10}, tsoracle.max_members={most}, "
                  f"shared_buffers={osql.q('SHOW shared_buffers')}")
 

@@ -419,7 +419,8 @@ for rtt in sorted(far_added):
           "the link's round trip (oracle SELECT 1 through it; p50 at 0 ms taken off from both)",
           fmt_lat(med(link.values())), fmt_spread(added, link), "<= 1.10",
           verdict(None if r is None else r <= 1.10)],
-         noisy(busy_keys=[(f"far_lat_rtt{rtt:g}", 1), ("far_lat_rtt0", 1), (f"link_lat_rtt{rtt:g}", 1)]))
+         noisy(busy_keys=[(f"far_lat_rtt{rtt:g}", 1), ("far_lat_rtt0", 1), (f"link_lat_rtt{rtt:g}", 1),
+                         ("link_lat_rtt0", 1)]))
     nominal = {rep: rtt for rep in added}
     rows.append([f"one client's added p50, member SELECT tso_next(), {rtt:g} ms RTT", 1,
                  fmt_lat(med(added.values())), "the RTT the link is set to", fmt_lat(rtt),

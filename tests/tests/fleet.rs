@@ -365,20 +365,26 @@ fn what_is_wrong_with_a_member_is_refused_with_a_clear_error() {
     let ok = as_member.query("SELECT * FROM tsoracle.member_next(10)", &[]).unwrap();
     assert_eq!(ok.len(), 1);
 
-    // A member of 0.6.0 names its connection: answered, as the array's text, only on the
-    // session whose hello named it (tsoracle_member.session); elsewhere NULL.
-    let named = |c: &mut Client, session: &str| -> Option<Vec<i64>> {
-        let sql = "SELECT tsoracle.member_next(10, $1)::pg_catalog.int8[]";
-        c.query_one(sql, &[&session]).unwrap().get(0)
+    // A member of 0.6.0 names its connection: answered (the array's text) only on the session
+    // whose hello named it; elsewhere NULL, having done nothing (not even refused 22023 a
+    // count no call may take).
+    let named = |c: &mut Client, count: i32, session: &str| -> Option<Vec<i64>> {
+        let sql = "SELECT tsoracle.member_next($1, $2)::pg_catalog.int8[]";
+        c.query_one(sql, &[&count, &session]).map_err(|e| pg_error_string(&e)).unwrap().get(0)
     };
-    assert_eq!(named(&mut as_member, "conn-a"), None, "before a session is named");
+    assert_eq!(named(&mut as_member, i32::MAX, "conn-a"), None, "before a session is named");
     as_member
         .batch_execute("SELECT pg_catalog.set_config('tsoracle_member.session', 'conn-a', false)")
         .unwrap();
     let before: Vec<i64> =
         as_member.query_one("SELECT tsoracle.member_next(1)", &[]).unwrap().get(0);
-    assert_eq!(named(&mut as_member, "conn-b"), None, "for another connection's name");
-    let got = named(&mut as_member, "conn-a").expect("an answer where the connection is named");
+    assert_eq!(named(&mut as_member, i32::MAX, "conn-b"), None, "for another connection's name");
+    expect_sqlstate(
+        as_member.query("SELECT tsoracle.member_next($1, 'conn-a')", &[&i32::MAX]),
+        &SqlState::INVALID_PARAMETER_VALUE,
+        "too many values asked for on the named session",
+    );
+    let got = named(&mut as_member, 10, "conn-a").expect("an answer where the connection is named");
     assert!(got[0] > before[0] && got[1] >= before[1], "{got:?} after {before:?}");
     expect_sqlstate(
         outsider.query("SELECT tsoracle.member_next(1, 'conn-a')", &[]),
