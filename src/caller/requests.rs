@@ -135,6 +135,12 @@ pub fn submit(requests: &[Request]) -> Result<Vec<Reply>, TsoError> {
                 Some(EntryState::Pending) => {
                     let poke = looks > 1 && !queue.header().worker_will_look;
                     drop(queue);
+                    // A worker that refuses (handed over, a table it cannot use) takes no
+                    // call until it is started again: give up now rather than at the timeout
+                    // (below, the call is abandoned; one taken meanwhile is 40003).
+                    if ORACLE.share().phase == Phase::Refused {
+                        return Ok(Some(None));
+                    }
                     if poke {
                         signals.wake_worker();
                     }
@@ -143,8 +149,9 @@ pub fn submit(requests: &[Request]) -> Result<Vec<Reply>, TsoError> {
                 _ => return Ok(None),
             }
         }
-        Ok(QUEUE.exclusive()?.queue().take_replies(ticket))
-    })?;
+        Ok(QUEUE.exclusive()?.queue().take_replies(ticket).map(Some))
+    })?
+    .flatten();
     match replies {
         Some(replies) if replies.len() == requests.len() => {
             pending.answered = true;

@@ -923,3 +923,52 @@ fn bad_arguments_are_22023_over_sql() {
     assert_eq!(peek_ok(&mut c, "x"), Some(13));
     assert_eq!(peek_ok(&mut c, "y"), None);
 }
+
+/// A worker that refuses takes no call until it is started again, so a call it has not
+/// taken fails at once (`57P03`, saying why), not at `tsoracle.extension_timeout_ms` (10 s
+/// here): one call is held in the worker's group (`tsoracle.test_worker_hold_key`), a second
+/// is queued behind it, `tso_handover()` is asked meanwhile; once the group is let go the
+/// worker answers the first (granted, or refused as handed over) and hands over, and the
+/// second is refused well before the timeout. (It waited out the timeout, and a member's call
+/// behind it was reported lost, `40003`.)
+#[test]
+fn a_refusing_worker_fails_the_calls_it_has_not_taken_at_once() {
+    let node = serving_node(
+        "seq-refused",
+        NodeOpts::new().setting("tsoracle.extension_timeout_ms", 10_000),
+    );
+    alter_system(&node, "tsoracle.test_worker_hold_key", Some("held")).unwrap();
+    let call = |key: &'static str| {
+        let mut c = node.connect();
+        std::thread::spawn(move || {
+            let started = Instant::now();
+            let r = seq(&mut c, key, 1);
+            (r.map_err(|e| (sqlstate_of(&e), pg_error_string(&e))), started.elapsed())
+        })
+    };
+    let held = call("held");
+    std::thread::sleep(Duration::from_millis(500));
+    let queued = call("queued");
+    std::thread::sleep(Duration::from_millis(500));
+    let handover = {
+        let mut c = node.connect();
+        std::thread::spawn(move || {
+            c.batch_execute("SELECT tso_handover()").map_err(|e| pg_error_string(&e))
+        })
+    };
+    std::thread::sleep(Duration::from_millis(500));
+    alter_system(&node, "tsoracle.test_worker_hold_key", None).unwrap();
+    let (first, _) = held.join().unwrap();
+    // The held group may be granted or refused, as the handover found it.
+    assert!(
+        first.as_ref().is_ok_and(|&s| s == 0) || first.as_ref().is_err_and(|e| e.0 == "57P03"),
+        "{first:?}"
+    );
+    handover.join().unwrap().expect("tso_handover()");
+    let (second, took) = queued.join().unwrap();
+    let (code, text) = second.expect_err("a handed-over server grants nothing");
+    assert_eq!(code, "57P03", "{text}");
+    assert!(text.contains("handed over"), "{text}");
+    // Queued 1 s before the hold was let go: refused soon after, well before the timeout.
+    assert!(took < Duration::from_secs(6), "refused after {took:?}, not at once: {text}");
+}
