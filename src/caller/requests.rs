@@ -137,8 +137,9 @@ pub fn submit(requests: &[Request]) -> Result<Vec<Reply>, TsoError> {
                     drop(queue);
                     // A worker that refuses (handed over, a table it cannot use) takes no
                     // call until it is started again: give up now rather than at the timeout
-                    // (below, the call is abandoned; one taken meanwhile is 40003).
-                    if ORACLE.share().phase == Phase::Refused {
+                    // (below, the call is abandoned; one taken meanwhile is 40003). Looked at
+                    // only after a wait: the first look, at once, is on every call's path.
+                    if looks > 1 && ORACLE.share().phase == Phase::Refused {
                         return Ok(Some(None));
                     }
                     if poke {
