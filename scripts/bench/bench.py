@@ -1158,6 +1158,9 @@ class Bench:
         self.pg_ctl(self.bin, odata, olog, "start")
         osql = Psql(self, oport)
         osql.must("CREATE EXTENSION tsoracle", "CREATE EXTENSION on the oracle")
+        # The references beside SELECT 1 (below): any extension's trivial C function, if contrib
+        # is there.
+        extfn = osql.q("CREATE EXTENSION pg_trgm") is not None
         osql.must("""CREATE ROLE bench_member LOGIN; GRANT tsoracle_member TO bench_member;
             CREATE FUNCTION bench_first_next() RETURNS void LANGUAGE plpgsql AS $$
             BEGIN
@@ -1242,6 +1245,21 @@ class Bench:
                 self.rec("oracle_base", m, prefix)
             else:
                 failed(tag, m, out)
+            # Two references: what PostgreSQL charges a statement for calling a function that
+            # does nothing, tsoracle's or another extension's. The member's statement on sessions
+            # no hello named: member_next answers NULL before doing anything (the statement's
+            # parameters, the call, the check of the session); pg_trgm's show_limit().
+            refs = [("call", ["-D", f"k={min(ORACLE_K)}", "-f", os.path.join(HERE, "oracle_call.sql")])]
+            if extfn:
+                refs.append(("extfn", ["-f", os.path.join(HERE, "extfn.sql")]))
+            for ref, args in refs:
+                gone()
+                tag = f"oracle.m{m}.{ref}"
+                proc, out, prefix = pgbench(m, tag, *args)
+                if finished(proc, out):
+                    self.rec("oracle_ref", m, ref, prefix)
+                else:
+                    failed(tag, m, out)
             for k in ORACLE_K:
                 gone()
                 tag = f"oracle.m{m}.k{k}"

@@ -45,6 +45,7 @@ fails = []
 member_rt = collections.defaultdict(dict)  # clients -> {rep: (round trips, values) during the run}
 oracle_pts = []  # (members, k, log prefix, Pss kB of the member backends, backends, cores)
 oracle_base = {}  # members -> log prefix of as many sessions' prepared SELECT 1 (the baseline)
+oracle_ref = collections.defaultdict(dict)  # members -> reference ("call", "extfn") -> log prefix
 
 ap = argparse.ArgumentParser(description="the tsoracle benchmark report")
 ap.add_argument("results")
@@ -87,6 +88,11 @@ with open(args.results) as f:
             try:
                 oracle_pts.append((int(parts[1]), int(parts[2]), parts[3],
                                    int(parts[4]), int(parts[5]), float(parts[6])))
+            except (ValueError, IndexError):
+                pass
+        elif kind == "oracle_ref":
+            try:
+                oracle_ref[int(parts[1])][parts[2]] = parts[3]
             except (ValueError, IndexError):
                 pass
         elif kind == "oracle_base":
@@ -747,6 +753,25 @@ if oracle_pts:
     w("  SELECT 1/s: as many sessions of the same role making prepared SELECT 1 round trips on the")
     w("  oracle, in the same run; ratio: round trips/s against it (k values per round trip, so")
     w("  SELECT 1/s x k is what values/s at k would be if a round trip cost no more than SELECT 1)")
+    if oracle_ref:
+        w("  what a statement calling a function that does nothing reaches, as many sessions, in the same run:")
+        w(f"  {'members':>7s} {'SELECT 1/s':>11s} {'call/s':>11s} {'ratio':>6s} {'show_limit()/s':>14s} {'ratio':>6s}   "
+          f"member_next against the call, by k")
+        def rate_col(v, width):
+            return f"{v:{width},.0f}" if v else "?".rjust(width)
+
+        for m in sorted(oracle_ref):
+            base = base_rate.get(m)
+            call = steady_rate(oracle_ref[m]["call"]) if "call" in oracle_ref[m] else None
+            ext = steady_rate(oracle_ref[m]["extfn"]) if "extfn" in oracle_ref[m] else None
+            points = sorted((k, steady_rate(pf)) for mm, k, pf, *_ in oracle_pts if mm == m)
+            against = " ".join(f"k={k}: {fmt_ratio(r / call if r and call else None)}" for k, r in points)
+            w(f"  {m:7d} {rate_col(base, 11)} {rate_col(call, 11)} "
+              f"{fmt_ratio(call / base if call and base else None):>6s} {rate_col(ext, 14)} "
+              f"{fmt_ratio(ext / base if ext and base else None):>6s}   {against}")
+        w("  call: the member's statement, tsoracle.member_next(k, 'none'), on sessions no hello named: it")
+        w("  answers NULL having done nothing (its parameters, PostgreSQL's call, the session's check);")
+        w("  show_limit(): pg_trgm's, a C function of another extension that returns a setting")
     w("  " + first("oracle_bench"))
     w("  " + first("oracle_load"))
     w("")

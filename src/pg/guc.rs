@@ -29,6 +29,7 @@ static MAX_MEMBERS: GucSetting<i32> =
     GucSetting::<i32>::new(tsoracle_core::fleet::MAX_MEMBERS_DEFAULT as i32);
 static IN_PLACE_IGNORE_SLOTS: GucSetting<Option<CString>> =
     GucSetting::<Option<CString>>::new(None);
+static MEMBER_SESSION: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
 #[cfg(feature = "clock-fault")]
 static TEST_SEQ_PAUSE_MS: GucSetting<i32> = GucSetting::<i32>::new(0);
 #[cfg(feature = "clock-fault")]
@@ -300,6 +301,17 @@ pub fn define() {
         GucContext::Suset,
         GucFlags::default(),
     );
+    // Defined rather than left a placeholder: a member's every round trip reads it, and
+    // PostgreSQL finds a placeholder by name (a binary search of every setting on 15), while a
+    // defined setting's value is this static (`member_session_is`).
+    GucRegistry::define_string_guc(
+        MEMBER_SESSION_NAME,
+        c"On an oracle: the name a member's hello gave its connection in this session.",
+        c"Set by the member's own statements (docs/fleet.md); a member's later statements run only in the session that holds their name. Not for setting by hand.",
+        &MEMBER_SESSION,
+        GucContext::Userset,
+        GucFlags::NO_SHOW_ALL,
+    );
     // SAFETY: the assign hook cannot panic (an atomic store, see below).
     #[cfg(feature = "clock-fault")]
     unsafe {
@@ -512,7 +524,7 @@ pub fn test_worker_hold_key() -> Option<String> {
     TEST_WORKER_HOLD_KEY.get().map(|c| c.to_string_lossy().into_owned()).filter(|k| !k.is_empty())
 }
 
-/// The placeholder setting of an oracle session in which a member's hello names its connection
+/// The setting of an oracle session in which a member's hello names its connection
 /// (docs/fleet.md): the member's later statements carry that name and run only where the
 /// setting holds it.
 macro_rules! member_session {
@@ -522,18 +534,20 @@ macro_rules! member_session {
 }
 pub(crate) use member_session;
 
+const MEMBER_SESSION_NAME: &std::ffi::CStr =
+    match std::ffi::CStr::from_bytes_with_nul(concat!(member_session!(), "\0").as_bytes()) {
+        Ok(s) => s,
+        Err(_) => panic!("a setting's name with a NUL inside"),
+    };
+
 /// Whether this session's setting `member_session!()` holds `name`: as the SQL
-/// `current_setting('tsoracle_member.session', true) = name` (no setting: false).
+/// `current_setting('tsoracle_member.session', true) = name` (never set: false). Read from the
+/// setting's variable: no look-up by name on a member's every round trip.
 pub fn member_session_is(name: &str) -> bool {
-    const SETTING: &std::ffi::CStr =
-        match std::ffi::CStr::from_bytes_with_nul(concat!(member_session!(), "\0").as_bytes()) {
-            Ok(s) => s,
-            Err(_) => panic!("a setting's name with a NUL inside"),
-        };
-    // SAFETY: the name is NUL-terminated; with missing_ok a setting never set in this session
-    // is NULL, otherwise a pointer to its current value, which stays valid until the setting
-    // is next changed (not before the comparison below: nothing in between runs SQL).
-    let value = unsafe { pgrx::pg_sys::GetConfigOption(SETTING.as_ptr(), true, false) };
-    // SAFETY: a non-NULL value is a NUL-terminated string owned by the setting (above).
+    // SAFETY: the variable of a setting defined at load (`define`): PostgreSQL keeps it NULL
+    // (never set) or pointing at the setting's current value, a NUL-terminated string that
+    // stays valid until the setting next changes, which nothing below does (no SQL runs).
+    let value = unsafe { *MEMBER_SESSION.as_ptr() };
+    // SAFETY: a non-NULL value is that NUL-terminated string (above).
     !value.is_null() && unsafe { std::ffi::CStr::from_ptr(value) }.to_bytes() == name.as_bytes()
 }

@@ -111,7 +111,7 @@ const MAX_IN_FLIGHT: usize = 8;
 const RETRY_PAUSE: Duration = Duration::from_millis(20);
 
 /// The hello also names this connection in its oracle session (`calls::session_setting!`, a
-/// placeholder setting of the session): every later statement carries that name as its last
+/// setting tsoracle defines): every later statement carries that name as its last
 /// parameter and runs only where the setting holds it (`calls::gated!`), so that a statement
 /// that reaches another backend — through a pooler in transaction mode, one that said another
 /// member's hello — does nothing and answers no row (`calls::OTHER_SESSION`; `NEXT` applies
