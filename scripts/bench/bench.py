@@ -1142,7 +1142,9 @@ class Bench:
         has said hello (per-transaction logs), p50/p99 of a round trip (the hellos excluded),
         the cores the oracle's processes used (/proc/PID/schedstat) over half of
         BENCH_ORACLE_SECONDS once every member said hello, and the Pss of the member backends
-        (/proc/PID/smaps_rollup) then."""
+        (/proc/PID/smaps_rollup) then. Before the members, per size, three references from as many
+        sessions: prepared SELECT 1, the members' statement on sessions no hello named (answered
+        NULL, having done nothing) and pg_trgm's show_limit()."""
         if not ORACLE_MEMBERS:
             return
         most = max(ORACLE_MEMBERS)
@@ -1161,6 +1163,8 @@ class Bench:
         # The references beside SELECT 1 (below): any extension's trivial C function, if contrib
         # is there.
         extfn = osql.q("CREATE EXTENSION pg_trgm") is not None
+        if not extfn:
+            self.rec("info", "oracle_extfn", "no pg_trgm (contrib) on the oracle: no show_limit() reference")
         osql.must("""CREATE ROLE bench_member LOGIN; GRANT tsoracle_member TO bench_member;
             CREATE FUNCTION bench_first_next() RETURNS void LANGUAGE plpgsql AS $$
             BEGIN
@@ -1190,7 +1194,9 @@ class Bench:
         self.rec("info", "oracle_bench", f"one pgbench client per member: -n -M prepared -T <{ORACLE_SECS} s + 3 s + "
                  f"1 s per 50 members> -c <members> -j {NPROC} -f oracle_member.sql -D k=<k> -D sess=bench, pgbench on the same "
                  f"cores; an oracle of its own, max_connections={most + 10}, tsoracle.max_members={most}, "
-                 f"shared_buffers={osql.q('SHOW shared_buffers')}")
+                 f"shared_buffers={osql.q('SHOW shared_buffers')}; per size, before the members, as many sessions' "
+                 f"SELECT 1 (select1.sql), the members' statement on sessions no hello named (oracle_call.sql -D "
+                 f"sess=none) and show_limit() (extfn.sql)")
 
         def procs(what):
             """The oracle's processes: CPU time of all (µs), Pss of the members' (oracle_procs.py)."""
@@ -1249,7 +1255,8 @@ class Bench:
             # does nothing, tsoracle's or another extension's. The member's statement on sessions
             # no hello named: member_next answers NULL before doing anything (the statement's
             # parameters, the call, the check of the session); pg_trgm's show_limit().
-            refs = [("call", ["-D", f"k={min(ORACLE_K)}", "-f", os.path.join(HERE, "oracle_call.sql")])]
+            refs = [("call", ["-D", f"k={min(ORACLE_K)}", "-D", "sess=none", "-f",
+                              os.path.join(HERE, "oracle_call.sql")])]
             if extfn:
                 refs.append(("extfn", ["-f", os.path.join(HERE, "extfn.sql")]))
             for ref, args in refs:

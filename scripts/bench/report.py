@@ -769,9 +769,11 @@ if oracle_pts:
             w(f"  {m:7d} {rate_col(base, 11)} {rate_col(call, 11)} "
               f"{fmt_ratio(call / base if call and base else None):>6s} {rate_col(ext, 14)} "
               f"{fmt_ratio(ext / base if ext and base else None):>6s}   {against}")
-        w("  call: the member's statement, tsoracle.member_next(k, 'none'), on sessions no hello named: it")
+        w("  call: the member's statement, tsoracle.member_next($1, $2), on sessions no hello named: it")
         w("  answers NULL having done nothing (its parameters, PostgreSQL's call, the session's check);")
         w("  show_limit(): pg_trgm's, a C function of another extension that returns a setting")
+        if "oracle_extfn" in info:
+            w("  " + first("oracle_extfn"))
     w("  " + first("oracle_bench"))
     w("  " + first("oracle_load"))
     w("")

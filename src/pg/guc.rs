@@ -541,12 +541,14 @@ const MEMBER_SESSION_NAME: &std::ffi::CStr =
     };
 
 /// Whether this session's setting `member_session!()` holds `name`: as the SQL
-/// `current_setting('tsoracle_member.session', true) = name` (never set: false). Read from the
+/// `current_setting('tsoracle_member.session', true) = name` for a member's names, never empty
+/// (at its boot value, never set or reset, the setting holds none: false). Read from the
 /// setting's variable: no look-up by name on a member's every round trip.
 pub fn member_session_is(name: &str) -> bool {
     // SAFETY: the variable of a setting defined at load (`define`): PostgreSQL keeps it NULL
-    // (never set) or pointing at the setting's current value, a NUL-terminated string that
-    // stays valid until the setting next changes, which nothing below does (no SQL runs).
+    // (the boot value) or pointing at the setting's current value, a NUL-terminated string
+    // that stays valid until the setting next changes, which nothing below does (no SQL runs).
+    // Read directly rather than through `get()`, which copies it: this is the backend's thread.
     let value = unsafe { *MEMBER_SESSION.as_ptr() };
     // SAFETY: a non-NULL value is that NUL-terminated string (above).
     !value.is_null() && unsafe { std::ffi::CStr::from_ptr(value) }.to_bytes() == name.as_bytes()
