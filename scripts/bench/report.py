@@ -710,6 +710,11 @@ if ms.get(empty_q):
 w("")
 
 # the oracle serving simulated members
+def rate_col(v, width):
+    """A rate in a column of `width`, or ? for none."""
+    return f"{v:{width},.0f}" if v else "?".rjust(width)
+
+
 def steady_rate(prefix):
     """Round trips per second once every client has said hello: the transactions that ended
     after the last client's first one (its hello), over that span, from pgbench -l logs."""
@@ -737,10 +742,12 @@ if oracle_pts:
     w(f"  {'members':>7s} {'k':>3s} {'round trips/s':>14s} {'values/s':>12s} {'p50':>9s} {'p99':>9s} "
       f"{'backends':>8s} {'their Pss':>10s} {'per member':>10s} {'oracle cores':>12s} "
       f"{'SELECT 1/s':>11s} {'ratio':>6s}")
+    # Each run's logs read once: the references' table below uses the same rates.
     base_rate = {m: steady_rate(prefix) for m, prefix in oracle_base.items()}
+    point_rate = {(m, k): steady_rate(prefix) for m, k, prefix, *_ in oracle_pts}
     for m, k, prefix, pss, backends, cores in sorted(oracle_pts):
         p = percentiles(prefix, skip_first=True) or {}
-        rate = steady_rate(prefix)
+        rate = point_rate[(m, k)]
         base = base_rate.get(m)
         per = f"{pss / backends / 1024:.1f} MiB" if backends else "?"
         rt = f"{rate:14,.0f}" if rate else f"{'?':>14s}"
@@ -757,15 +764,12 @@ if oracle_pts:
         w("  what a statement calling a function that does nothing reaches, as many sessions, in the same run:")
         w(f"  {'members':>7s} {'SELECT 1/s':>11s} {'call/s':>11s} {'ratio':>6s} {'show_limit()/s':>14s} {'ratio':>6s}   "
           f"member_next against the call, by k")
-        def rate_col(v, width):
-            return f"{v:{width},.0f}" if v else "?".rjust(width)
-
         for m in sorted(oracle_ref):
             base = base_rate.get(m)
             call = steady_rate(oracle_ref[m]["call"]) if "call" in oracle_ref[m] else None
             ext = steady_rate(oracle_ref[m]["extfn"]) if "extfn" in oracle_ref[m] else None
-            points = sorted((k, steady_rate(pf)) for mm, k, pf, *_ in oracle_pts if mm == m)
-            against = " ".join(f"k={k}: {fmt_ratio(r / call if r and call else None)}" for k, r in points)
+            against = " ".join(f"k={k}: {fmt_ratio(r / call if r and call else None)}"
+                               for (mm, k), r in sorted(point_rate.items()) if mm == m)
             w(f"  {m:7d} {rate_col(base, 11)} {rate_col(call, 11)} "
               f"{fmt_ratio(call / base if call and base else None):>6s} {rate_col(ext, 14)} "
               f"{fmt_ratio(ext / base if ext and base else None):>6s}   {against}")
